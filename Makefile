@@ -1,0 +1,41 @@
+# Two commands do all set-up on a fresh Debian machine with Python 3:
+#   make demo   -- the main job
+#   make test   -- lint + the test suite
+# Both create .venv when missing and install only what is missing, so a second run is fast.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_PACKAGES := dataset-fashion-mnist
+
+.PHONY: demo test lint format system-packages bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when the dependency list changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+system-packages:
+	@scripts/ensure-system-packages.sh $(SYSTEM_PACKAGES)
+
+demo: $(STAMP) system-packages
+	$(BIN)/dataecho demo
+
+test: $(STAMP) system-packages lint
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check dataecho tests benchmarks
+	$(BIN)/ruff format --check dataecho tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff format dataecho tests benchmarks
+	$(BIN)/ruff check --fix dataecho tests benchmarks
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
