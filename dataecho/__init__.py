@@ -1,0 +1,49 @@
+"""dataecho: data echoing for PyTorch.
+
+Reuse data the slow upstream stages (reads, decoding, augmentation) already produced, so the
+training step keeps working while fresh data arrives (Choi et al. 2019; Agarwal et al. 2020;
+stochastic and communication-efficient echoing, ICLR 2025 submission).
+
+    import dataecho
+    loader = dataecho.EchoingDataLoader(dataset, batch_size=128, echo_factor=2,
+                                        where="before_augment", shuffle_buffer=1024,
+                                        transform=augment, num_workers=1, seed=0)
+
+Stages for your own pipelines: :func:`echo`, :func:`shuffle`, :func:`adaptive_echo`,
+:func:`stochastic_echo` (each a resumable ``torchdata.nodes.BaseNode`` with ``.stats``).
+Before you change anything, :func:`profile` tells whether echoing will help at all.
+"""
+
+from dataecho import schedules
+from dataecho.loader import EchoingDataLoader, LoaderOptions
+from dataecho.profiling import ProfileReport, format_report, profile, time_model
+from dataecho.progress import TrainingProgress
+from dataecho.stages import EchoStats, copy_item, echo, shuffle
+from dataecho.stages.adaptive import AdaptiveEcho, adaptive_echo
+from dataecho.stages.echo import Echo
+from dataecho.stages.shuffle import Shuffle
+from dataecho.stages.stochastic import StochasticEcho, stochastic_echo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdaptiveEcho",
+    "Echo",
+    "EchoStats",
+    "EchoingDataLoader",
+    "LoaderOptions",
+    "ProfileReport",
+    "Shuffle",
+    "StochasticEcho",
+    "TrainingProgress",
+    "__version__",
+    "adaptive_echo",
+    "copy_item",
+    "echo",
+    "format_report",
+    "profile",
+    "schedules",
+    "shuffle",
+    "stochastic_echo",
+    "time_model",
+]

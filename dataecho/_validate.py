@@ -48,9 +48,7 @@ def positive_int(value: object, *, name: str, hint: str = "") -> int:
     """Return ``value`` as an int >= 1, or raise a clear error."""
     n = non_negative_int(value, name=name, hint=hint)
     if n < 1:
-        raise ValueError(
-            f"{name} must be >= 1, got {value!r}" + (f"; {hint}" if hint else "")
-        )
+        raise ValueError(f"{name} must be >= 1, got {value!r}" + (f"; {hint}" if hint else ""))
     return n
 
 

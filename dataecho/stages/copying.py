@@ -36,10 +36,17 @@ def copy_item(item: Any) -> Any:
         return item.copy()
     if isinstance(item, np.generic):
         return item
-    if isinstance(item, dict):
-        return type(item)((k, copy_item(v)) for k, v in item.items())
-    if isinstance(item, list):
+    if type(item) is dict:
+        return {k: copy_item(v) for k, v in item.items()}
+    if type(item) is list:
         return [copy_item(v) for v in item]
+    if isinstance(item, (dict, list)):
+        # Subclasses (Counter, defaultdict, OrderedDict) take other constructor arguments;
+        # a shallow copy keeps the type and its extras, then every value is replaced by a copy.
+        out = _copy.copy(item)
+        for k, v in item.items() if isinstance(item, dict) else enumerate(item):
+            out[k] = copy_item(v)
+        return out
     if isinstance(item, tuple):
         values = [copy_item(v) for v in item]
         # Named tuples take positional fields.

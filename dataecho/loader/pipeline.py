@@ -1,0 +1,116 @@
+"""The per-worker pipeline: read -> [echo, shuffle, transform in the chosen order] -> batch.
+
+Example echoing runs here, inside the worker (or the main process with ``num_workers=0``) that
+read the example, so an echoed copy never costs a second upstream read. Each pipeline yields
+``(batch, fresh_examples_in_it)`` so the main process can count fresh data across workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
+
+from dataecho.loader.options import LoaderOptions
+from dataecho.loader.reading import Counted, IndexedReader
+from dataecho.loader.rng_scope import RngScope
+from dataecho.stages import Echo, Shuffle
+from dataecho.stages.seeds import STAGE_ECHO, STAGE_ORDER, STAGE_SHUFFLE, STAGE_TRANSFORM, derive_seed
+
+
+class PipelineDataset(IterableDataset):
+    """What the inner ``StatefulDataLoader`` iterates: one pipeline per worker and epoch."""
+
+    def __init__(
+        self, dataset: Any, options: LoaderOptions, collate_fn: Callable[[list[Any]], Any]
+    ) -> None:
+        self.dataset = dataset
+        self.options = options
+        self.collate_fn = collate_fn
+        self.epoch = 0
+        self.seed = 0
+
+    def __iter__(self) -> PipelineIterator:
+        return PipelineIterator(self)
+
+
+class PipelineIterator:
+    """A stateful iterator over ``(batch, fresh_count)``; ``StatefulDataLoader`` checkpoints it."""
+
+    def __init__(self, owner: PipelineDataset) -> None:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
+        opts = owner.options
+        seed = lambda stage: derive_seed(owner.seed, owner.epoch, worker, stage)  # noqa: E731
+
+        if hasattr(owner.dataset, "__getitem__") and hasattr(owner.dataset, "__len__") and not (
+            isinstance(owner.dataset, IterableDataset)
+        ):
+            # One order per epoch, shared by all workers, so their strided shares are disjoint.
+            order_seed = derive_seed(owner.seed, owner.epoch, STAGE_ORDER) if opts.shuffle else None
+            source: BaseNode[Any] = IndexedReader(
+                owner.dataset, order_seed=order_seed, worker=worker, num_workers=num_workers
+            )
+        else:
+            source = IterableWrapper(owner.dataset)
+        self._counter = Counted(source)
+        node: BaseNode[Any] = self._counter
+
+        def transform(n: BaseNode[Any]) -> BaseNode[Any]:
+            return Mapper(n, opts.transform) if opts.transform is not None else n
+
+        def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
+            if opts.echo_factor > 1:
+                n = Echo(n, opts.echo_factor, seed=seed(STAGE_ECHO), copy=opts.copy)
+            if opts.shuffle_buffer > 1:
+                n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
+            return n
+
+        if opts.where == "before_augment":
+            node = transform(echo_and_shuffle(node))
+        elif opts.where == "after_augment":
+            node = echo_and_shuffle(transform(node))
+        else:  # "batch": whole batches are echoed in the main process
+            node = transform(node)
+        self._root: BaseNode[Any] = Mapper(
+            Batcher(node, opts.batch_size, drop_last=opts.drop_last), owner.collate_fn
+        )
+        self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
+        self._reported = 0  # fresh examples already attributed to a yielded batch
+
+    def __iter__(self) -> PipelineIterator:
+        return self
+
+    def __next__(self) -> tuple[Any, int]:
+        with self._rng:
+            batch = next(self._root)
+        fresh = self._counter.count - self._reported
+        self._reported = self._counter.count
+        return batch, fresh
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"root": self._root.state_dict(), "rng": self._rng.state_dict(), "reported": self._reported}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._root.reset(state["root"])
+        self._rng.load_state_dict(state["rng"])
+        self._reported = int(state["reported"])
+
+
+def unwrap_identity(item: Any) -> Any:
+    """The inner DataLoader's collate: batches are already collated by the pipeline."""
+    return item
+
+
+def batch_length(batch: Any) -> int:
+    """Examples in a collated batch: the leading size of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict) and batch:
+        return batch_length(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch_length(batch[0]) if isinstance(batch[0], (torch.Tensor, dict, list, tuple)) else len(batch)
+    return len(batch) if hasattr(batch, "__len__") else 1

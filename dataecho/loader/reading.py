@@ -1,0 +1,69 @@
+"""The loader's upstream end: read examples once each, and count them.
+
+A map-style dataset is read in a seeded per-epoch order (when ``shuffle=True``), split between
+DataLoader workers by striding, so each example is read by exactly one worker per epoch. An
+iterable dataset is read as it is; as with ``torch.utils.data.DataLoader``, an iterable dataset
+used with workers must split itself between them (``torch.utils.data.get_worker_info``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+
+class IndexedReader(BaseNode[Any]):
+    """Reads ``dataset[i]`` for this worker's share of one epoch's order. State: the position."""
+
+    def __init__(
+        self, dataset: Any, *, order_seed: int | None, worker: int, num_workers: int
+    ) -> None:
+        super().__init__()
+        self.dataset = dataset
+        n = len(dataset)
+        order = (
+            np.random.default_rng(order_seed).permutation(n)
+            if order_seed is not None
+            else np.arange(n)
+        )
+        self._indices = order[worker::num_workers]
+        self._pos = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._pos = int(initial_state["pos"]) if initial_state else 0
+
+    def next(self) -> Any:
+        if self._pos >= len(self._indices):
+            raise StopIteration
+        index = int(self._indices[self._pos])
+        item = self.dataset[index]
+        self._pos += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {"pos": self._pos}
+
+
+class Counted(BaseNode[Any]):
+    """Pass-through that counts the items read from upstream: the fresh examples."""
+
+    def __init__(self, source: BaseNode[Any]) -> None:
+        super().__init__()
+        self.source = source
+        self.count = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.source.reset(initial_state["source"] if initial_state else None)
+        self.count = int(initial_state["count"]) if initial_state else 0
+
+    def next(self) -> Any:
+        item = next(self.source)
+        self.count += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {"source": self.source.state_dict(), "count": self.count}

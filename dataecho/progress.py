@@ -1,0 +1,275 @@
+"""Live training view: steps/s, fresh examples/s, realized echo factor and stall %, via tqdm.
+
+    with TrainingProgress(loader, total_steps=1000, desc="train") as bar:
+        for batch in bar.wrap(loader):
+            train_step(batch)
+
+``wrap`` times each ``next()`` itself, so the stall share (wall time the loop waited for data)
+is known for any loader. The echo factor comes from ``update(fresh=...)`` if given, else from
+the ratio of the loader's ``.stats`` counters (dataecho loaders and stages); a loader with
+neither is taken as echo-free (every example fresh).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dataecho import _validate
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """Counts since the view started (or over a window, see :meth:`minus`)."""
+
+    steps: int
+    examples: int
+    """Examples the steps consumed, echoed copies included."""
+    fresh_examples: float
+    wait_seconds: float | None
+    """Seconds blocked waiting for data (None: not measured)."""
+    wall_seconds: float
+
+    def _rate(self, count: float) -> float:
+        return count / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def steps_per_second(self) -> float:
+        return self._rate(self.steps)
+
+    @property
+    def fresh_per_second(self) -> float:
+        return self._rate(self.fresh_examples)
+
+    @property
+    def realized_factor(self) -> float:
+        """examples / fresh examples (0.0 before any fresh example)."""
+        return self.examples / self.fresh_examples if self.fresh_examples > 0 else 0.0
+
+    @property
+    def stall_fraction(self) -> float | None:
+        """Share of wall time spent waiting for data (None when waits were not measured)."""
+        if self.wait_seconds is None or self.wall_seconds <= 0:
+            return None
+        return min(self.wait_seconds / self.wall_seconds, 1.0)
+
+    def minus(self, earlier: ProgressSnapshot) -> ProgressSnapshot:
+        """The window between ``earlier`` and this snapshot."""
+        wait = None
+        if self.wait_seconds is not None and earlier.wait_seconds is not None:
+            wait = self.wait_seconds - earlier.wait_seconds
+        return ProgressSnapshot(
+            self.steps - earlier.steps,
+            self.examples - earlier.examples,
+            self.fresh_examples - earlier.fresh_examples,
+            wait,
+            self.wall_seconds - earlier.wall_seconds,
+        )
+
+
+class TrainingProgress:
+    """A tqdm bar over training steps whose postfix shows what echoing is doing.
+
+    Count steps with :meth:`wrap` (times ``next()``, infers batch sizes) or call :meth:`update`
+    once per step. The postfix (rates over the last ``refresh_seconds`` window) is recomputed at
+    most every ``refresh_seconds``, so a step costs a few counter updates. :meth:`summary` gives
+    the whole-run figures; :meth:`close` prints it (unless ``print_summary`` is false; by default
+    it is printed unless ``disable``).
+    """
+
+    def __init__(
+        self,
+        loader: object = None,
+        *,
+        total_steps: int | None = None,
+        desc: str = "train",
+        batch_size: int | None = None,
+        file: IO[str] | None = None,
+        disable: bool = False,
+        refresh_seconds: float = 0.5,
+        print_summary: bool | None = None,
+        **tqdm_kwargs: Any,
+    ) -> None:
+        if total_steps is not None:
+            total_steps = _validate.positive_int(total_steps, name="total_steps", hint="or None")
+        if batch_size is not None:
+            batch_size = _validate.positive_int(batch_size, name="batch_size", hint="or None")
+        if not isinstance(refresh_seconds, numbers.Real) or not refresh_seconds > 0:
+            raise ValueError(
+                f"refresh_seconds must be a number > 0, got {refresh_seconds!r}; e.g. 0.5"
+            )
+        self.desc, self.batch_size, self.refresh_seconds = desc, batch_size, float(refresh_seconds)
+        self._file, self._disable = file, bool(disable)
+        self._print_summary = not disable if print_summary is None else bool(print_summary)
+        self._bar = tqdm(
+            total=total_steps, desc=desc, file=file, disable=disable, unit="step", **tqdm_kwargs
+        )
+        self._steps, self._examples, self._fresh, self._wait = 0, 0, 0.0, 0.0
+        self._fresh_given = self._wait_measured = self._closed = False
+        self._stats_src: object = None
+        self._stats_base: tuple[float, float, float | None] | None = None
+        if loader is not None:
+            self._watch(loader)
+        self._restart_clock()
+
+    def _restart_clock(self) -> None:
+        self._start = time.perf_counter()
+        self._last = self.snapshot()
+        self._next_refresh = self._start + self.refresh_seconds
+
+    def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield the batches of ``iterable``, one step each, timing how long each took to come."""
+        self._watch(iterable)
+        if self._steps == 0:  # the clock starts with the loop, not with the bar's construction
+            self._restart_clock()
+        self._wait_measured = True
+        it = iter(iterable)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                self._wait += time.perf_counter() - t0  # end-of-epoch teardown is waiting too
+                return
+            waited = time.perf_counter() - t0
+            self._record(self.batch_size or _batch_len(batch), None, waited)
+            yield batch
+
+    def update(
+        self,
+        *,
+        batch_size: int | None = None,
+        fresh: int | None = None,
+        wait_seconds: float | None = None,
+    ) -> None:
+        """Count one step of ``batch_size`` examples (default: the constructor's).
+
+        ``fresh``: how many of them were fresh (default: from ``.stats``, else all);
+        ``wait_seconds``: how long the step waited for its batch (default: from ``.stats``).
+        """
+        self._record(
+            batch_size if batch_size is not None else self.batch_size or 0, fresh, wait_seconds
+        )
+
+    def _record(self, examples: int, fresh: int | None, wait: float | None) -> None:
+        self._steps += 1
+        self._examples += examples
+        if fresh is not None:
+            self._fresh_given = True
+        self._fresh += examples if fresh is None else fresh
+        if wait is not None:
+            self._wait += wait
+            self._wait_measured = True
+        self._bar.update(1)
+        if not self._disable and time.perf_counter() >= self._next_refresh:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        now = self.snapshot()
+        window, self._last = now.minus(self._last), now
+        self._next_refresh = self._start + now.wall_seconds + self.refresh_seconds
+        # Rates over the window; the echo factor since the start, because over a short window
+        # it jumps by one fresh item (an echo stage fetches a new item only when one is due).
+        stall, echo = window.stall_fraction, now.realized_factor or 1.0
+        examples_per_s = window.examples / window.wall_seconds if window.wall_seconds > 0 else 0.0
+        self._bar.set_postfix(
+            {
+                "steps/s": _num(window.steps_per_second),
+                "fresh/s": _num(examples_per_s / echo),
+                "echo": f"{echo:.2f}x",
+                "stall": "n/a" if stall is None else f"{stall:.0%}",
+            }
+        )
+
+    def snapshot(self) -> ProgressSnapshot:
+        """The counts since the start."""
+        fresh, wait = self._fresh, self._wait if self._wait_measured else None
+        now = _read_stats(self._stats_src)
+        if now is not None and self._stats_base is not None:
+            base = self._stats_base
+            d_fresh, d_out = now[0] - base[0], now[1] - base[1]
+            if not self._fresh_given and d_fresh > 0 and d_out > 0:
+                # The ratio, not the raw counts: a stage may count batches, the bar examples.
+                fresh = self._examples * d_fresh / d_out
+            if wait is None and now[2] is not None and base[2] is not None:
+                wait = now[2] - base[2]
+        return ProgressSnapshot(
+            self._steps, self._examples, fresh, wait, time.perf_counter() - self._start
+        )
+
+    def summary(self) -> str:
+        """One line: steps, examples, fresh examples, echo factor, rates, stall share, time."""
+        s = self.snapshot()
+        stall = "n/a" if s.stall_fraction is None else f"{s.stall_fraction:.1%}"
+        return (
+            f"{self.desc}: {s.steps} steps, {s.examples} examples ({round(s.fresh_examples)} "
+            f"fresh, echo {s.realized_factor:.2f}x), {_num(s.steps_per_second)} steps/s, "
+            f"{_num(s.fresh_per_second)} fresh examples/s, stall {stall}, {s.wall_seconds:.2f} s"
+        )
+
+    def close(self) -> None:
+        """Show the final postfix, close the bar and print the summary (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._disable and self._steps:
+            self._refresh()
+        self._bar.close()
+        if self._print_summary:
+            print(self.summary(), file=self._file if self._file is not None else sys.stderr)
+
+    def __enter__(self) -> TrainingProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _watch(self, source: object) -> None:
+        # The first source with counters is the one read; later wraps (epochs) keep its base.
+        if self._stats_base is None and (base := _read_stats(source)) is not None:
+            self._stats_src, self._stats_base = source, base
+
+
+def _num(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _read_stats(source: object) -> tuple[float, float, float | None] | None:
+    """(fresh_examples, examples_out, wait_seconds or None) of ``source.stats``, if present."""
+    stats = getattr(source, "stats", None)
+    counts = [getattr(stats, name, None) for name in ("fresh_examples", "examples_out")]
+    if not all(isinstance(c, numbers.Real) for c in counts):
+        return None
+    wait = getattr(stats, "wait_seconds", None)
+    wait = float(wait) if isinstance(wait, numbers.Real) and math.isfinite(wait) else None
+    return float(counts[0]), float(counts[1]), wait
+
+
+def _batch_len(batch: Any) -> int:
+    """Examples in a batch: dim 0 of a tensor/array or of the first field of a collated
+    ``(x, y)`` / ``{"x": ...}``; else the length of a list of examples; else 1.
+
+    A list of uncollated example tensors reads as a collated ``[x, y]``: pass ``batch_size``.
+    """
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, Mapping):
+        return _batch_len(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, (list, tuple)):
+        if not batch:
+            return 0
+        first = batch[0]
+        collated = isinstance(first, (torch.Tensor, np.ndarray)) and first.ndim > 0
+        return int(first.shape[0]) if collated else len(batch)
+    return 1

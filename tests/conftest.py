@@ -1,0 +1,183 @@
+"""Shared test harnesses for every resumable stream in dataecho (stages, the loader).
+
+The main one is :func:`run_test_save_load_state`; :func:`assert_same_item` compares items or
+batches (tensors, arrays, nested containers) exactly; :func:`torch_roundtrip` passes a state
+through a checkpoint file the way training code saves one.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+Factory = Callable[[], Any]
+
+
+def assert_same_item(a: Any, b: Any, where: str = "item") -> None:
+    """Assert ``a`` and ``b`` are equal, exactly: same type, same values, same dtypes."""
+    assert type(a) is type(b), f"{where}: type {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{tuple(a.shape)}"
+        assert torch.equal(a, b), f"{where}: tensors differ"
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape}"
+        assert np.array_equal(a, b), f"{where}: arrays differ"
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same_item(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_item(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_stream(got: list[Any], want: list[Any], where: str) -> None:
+    """Assert two lists of items are equal item by item (see :func:`assert_same_item`)."""
+    assert len(got) == len(want), f"{where}: {len(got)} items, expected {len(want)}"
+    for i, (x, y) in enumerate(zip(got, want, strict=True)):
+        assert_same_item(x, y, f"{where}, item {i}")
+
+
+def torch_roundtrip(state: Any) -> Any:
+    """``state`` after ``torch.save`` to bytes and ``torch.load(weights_only=True)``.
+
+    ``weights_only=True`` is the safe loader (no arbitrary pickles); a state that passes it can
+    be stored in an ordinary training checkpoint and loaded without trusting the file.
+    """
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def _take(it: Iterator[Any], limit: int | None) -> list[Any]:
+    return list(it) if limit is None else list(itertools.islice(it, limit))
+
+
+def run_test_save_load_state(
+    factory: Factory,
+    *,
+    epochs: int = 2,
+    max_items: int | None = None,
+    positions: Iterable[int] | None = None,
+    roundtrip: bool = True,
+    restore: Callable[[Any, Any], None] = lambda node, state: node.reset(state),
+    new_epoch: Callable[[Any], None] = lambda node: node.reset(None),
+    summary: Callable[[Any], Any] | None = None,
+    end_may_start_next_epoch: bool = False,
+) -> list[list[Any]]:
+    """Check that a stream resumes exactly from a state taken at any position.
+
+    Uses of it::
+
+        run_test_save_load_state(lambda: echo(list(range(20)), 2.5, seed=3))
+        run_test_save_load_state(make_loader, positions=[0, 5, 11],
+                                 restore=lambda l, s: l.load_state_dict(s),
+                                 new_epoch=lambda l: None, end_may_start_next_epoch=True)
+
+    Steps:
+
+    1. Build a node with ``factory`` and record ``epochs`` uninterrupted epochs (epoch 0 is the
+       first ``iter(node)``; each later one begins with ``new_epoch(node)``).
+    2. For every epoch and every position ``k`` in ``positions`` (default: each of 0..len, plus
+       "after StopIteration" when epochs are drained), build a fresh node, replay the earlier
+       epochs and ``k`` items (they must equal the recording: determinism), take
+       ``node.state_dict()``, and keep iterating the original to the end (taking a state must
+       not disturb the stream).
+    3. Build another fresh node, ``restore(node, state)`` and assert that the rest of that
+       epoch *and every later epoch* equal the recording exactly. This runs twice: from the
+       in-memory state (held while the original went on, so it must not alias live objects)
+       and, with ``roundtrip``, from a ``torch.save`` / ``torch.load(weights_only=True)`` copy.
+
+    Args:
+        factory: builds a *fresh* node each call, source included, with fixed seeds.
+        epochs: how many epochs to record and check (>= 2 covers the epoch boundary).
+        max_items: for infinite or long streams, items per epoch to compare.
+        positions: resume points to check in every epoch (default: all).
+        roundtrip: also resume from a checkpoint saved and safely loaded by torch.
+        restore: how to load a state (default ``node.reset(state)``; a Loader-style object
+            uses ``load_state_dict``).
+        new_epoch: how to start the next epoch (default ``node.reset(None)``; an object whose
+            ``iter()`` starts an epoch by itself passes ``lambda node: None``).
+        summary: if given, ``summary(node)`` (e.g. its counters) after each epoch must match too.
+        end_may_start_next_epoch: a state taken at the end of an epoch may resume straight
+            into the next epoch (``torchdata.nodes.Loader`` does) instead of an empty rest.
+
+    Returns:
+        The recorded epochs, so the caller can assert they are not trivially empty.
+    """
+    # One more epoch on record when a resume at the last epoch's end may run into the next.
+    n_rec = epochs + int(end_may_start_next_epoch)
+    ref_node = factory()
+    recorded: list[list[Any]] = []
+    summaries: list[Any] = []
+    for e in range(n_rec):
+        if e:
+            new_epoch(ref_node)
+        recorded.append(_take(iter(ref_node), max_items))
+        summaries.append(summary(ref_node) if summary else None)
+
+    def check_rest(node: Any, e: int, k: int, what: str, it: Iterator[Any] | None = None) -> None:
+        """Iterate ``node`` (or its open iterator ``it``) from item ``k`` of epoch ``e`` on."""
+        got = _take(iter(node) if it is None else it, None if max_items is None else max_items - k)
+        if got and end_may_start_next_epoch and max_items is None and k == len(recorded[e]):
+            e, k = e + 1, 0  # resumed at an epoch's end straight into the next one
+        for e2 in range(e, n_rec):
+            if e2 > e:
+                new_epoch(node)
+                got = _take(iter(node), max_items)
+            assert_same_stream(
+                got, recorded[e2][k:] if e2 == e else recorded[e2], f"{what}, epoch {e2}"
+            )
+            if summary:
+                assert summary(node) == summaries[e2], f"{what}: summary after epoch {e2}"
+
+    for e in range(epochs):
+        n = len(recorded[e])
+        ks = list(range(n + 1)) if positions is None else [k for k in positions if k <= n]
+        if max_items is None and positions is None:
+            ks.append(-1)  # -1: after the epoch's StopIteration
+        for k in ks:
+            what = f"resumed at epoch {e}, item {'end' if k < 0 else k}"
+            node = factory()
+            for e0 in range(e):
+                if e0:
+                    new_epoch(node)
+                _take(iter(node), max_items)
+            if e:
+                new_epoch(node)
+            it = iter(node)
+            head = list(it) if k < 0 else _take(it, k)
+            assert_same_stream(head, recorded[e][: len(head)], f"{what} (replay)")
+            k = len(head)
+            state = node.state_dict()
+            saved = torch_roundtrip(state) if roundtrip else None
+            check_rest(node, e, k, f"{what} (original after state_dict)", it)
+            for label, st in (("in-memory state", state), ("torch.load state", saved)):
+                if st is None:
+                    continue
+                resumed = factory()
+                restore(resumed, st)
+                check_rest(resumed, e, k, f"{what} from {label}")
+    return recorded
+
+
+class SlowIterable:
+    """A re-iterable source that sleeps ``delay`` seconds before each of ``n`` items."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(self.n):
+            time.sleep(self.delay)
+            yield i

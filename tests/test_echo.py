@@ -1,0 +1,253 @@
+"""The echo stage (dataecho.stages.echo), the Stage base it shares, and argument validation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+from conftest import run_test_save_load_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchdata.nodes import IterableWrapper
+
+from dataecho import _validate
+from dataecho.stages import Echo, as_node, echo
+
+
+def runs(stream: list) -> list[tuple[object, int]]:
+    """``stream`` as (item, run length) pairs of adjacent equal items."""
+    return [(k, len(list(g))) for k, g in itertools.groupby(stream)]
+
+
+# --- the factor -------------------------------------------------------------------------------
+
+
+def test_fractional_factor_realized_over_20k_items() -> None:
+    node = echo(range(20_000), 2.5, seed=0)
+    out = list(node)
+    assert abs(len(out) / 20_000 - 2.5) < 0.03
+    assert abs(node.stats.realized_factor - 2.5) < 0.03
+
+
+@pytest.mark.parametrize("factor", [1, 2, 3, 5, 4.0])
+def test_integer_factor_is_exact_in_order_and_adjacent(factor: float) -> None:
+    src = list(range(50))
+    out = list(echo(src, factor, seed=1))
+    assert out == [x for x in src for _ in range(int(factor))]
+
+
+def test_fractional_factor_draws_per_item() -> None:
+    # One draw for the whole dataset (a bug seen in the wild) would give a single run length.
+    src = list(range(2_000))
+    lengths = Counter(n for _, n in runs(list(echo(src, 2.5, seed=7))))
+    assert set(lengths) == {2, 3}
+    assert 0.4 < lengths[3] / len(src) < 0.6
+    # Copies stay adjacent and in source order, and nothing is lost.
+    assert [k for k, _ in runs(list(echo(src, 2.5, seed=7)))] == src
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.3, 2.5, 3.999])
+def test_nothing_lost_each_item_floor_or_ceil_times(factor: float) -> None:
+    src = list(range(500))
+    counts = Counter(echo(src, factor, seed=2))
+    assert set(counts) == set(src)
+    assert all(math.floor(factor) <= c <= math.ceil(factor) for c in counts.values())
+
+
+def test_counts_add_up() -> None:
+    node = echo(range(300), 2.5, seed=3)
+    out = list(node)
+    s = node.stats
+    assert s.fresh_examples == 300
+    assert s.examples_out == len(out)
+    assert s.realized_factor == len(out) / 300
+    assert s.echoed_examples == len(out) - 300
+    d = s.as_dict()
+    assert d["realized_factor"] == s.realized_factor and d["echoed_examples"] == s.echoed_examples
+    # The counters run on across epochs.
+    node.reset(None)
+    out2 = list(node)
+    assert (s.fresh_examples, s.examples_out) == (600, len(out) + len(out2))
+
+
+def test_counts_mid_item() -> None:
+    node = echo(range(10), 3, seed=0)
+    assert [next(node) for _ in range(4)] == [0, 0, 0, 1]
+    assert (node.stats.fresh_examples, node.stats.examples_out) == (2, 4)
+
+
+# --- seeds and epochs ---------------------------------------------------------------------
+
+
+def test_same_seed_same_stream_different_seed_different_stream() -> None:
+    src = list(range(400))
+    a, b, c = (list(echo(src, 2.5, seed=s)) for s in (11, 11, 12))
+    assert a == b
+    assert a != c
+
+
+def test_new_epoch_draws_anew_and_replays_with_the_seed() -> None:
+    src = list(range(400))
+    node = echo(src, 2.5, seed=5)
+    first = list(node)
+    node.reset(None)
+    second = list(node)
+    assert first != second
+    assert [k for k, _ in runs(second)] == src
+    again = echo(src, 2.5, seed=5)
+    assert list(again) == first
+    again.reset(None)
+    assert list(again) == second
+
+
+def test_unseeded_stage_draws_a_seed_and_records_it() -> None:
+    a, b = echo(range(10), 2.5), echo(range(10), 2.5)
+    assert isinstance(a.seed, int) and a.seed >= 0
+    assert a.seed != b.seed
+    assert a.state_dict()["seed"] == a.seed
+
+
+# --- resume ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factor", [1, 2, 2.5, 1.2])
+@pytest.mark.parametrize("copy", [True, False])
+def test_resume_at_every_position(factor: float, copy: bool) -> None:
+    rec = run_test_save_load_state(
+        lambda: echo(list(range(15)), factor, seed=4, copy=copy),
+        summary=lambda n: (n.stats.fresh_examples, n.stats.examples_out),
+    )
+    assert len(rec[0]) >= 15
+    if factor != int(factor):
+        assert rec[0] != rec[1]  # a new epoch draws anew, also after a resume
+
+
+class ForgetfulEcho(Echo):
+    """An echo stage with a resume bug: it forgets the copies still due."""
+
+    def _load_stage_state(self, state: dict) -> None:
+        super()._load_stage_state(state)
+        self._remaining = 0
+
+
+def test_the_harness_catches_a_resume_bug() -> None:
+    with pytest.raises(AssertionError, match=r"resumed at epoch 0, item 1 from in-memory state"):
+        run_test_save_load_state(lambda: ForgetfulEcho(list(range(5)), 3, seed=0))
+
+
+def test_resume_with_tensor_items_and_a_node_source() -> None:
+    def factory() -> Echo:
+        items = [{"x": torch.full((3,), float(i)), "y": i} for i in range(8)]
+        return echo(IterableWrapper(items), 2.5, seed=9)
+
+    rec = run_test_save_load_state(factory)
+    assert len(rec[0]) >= 16
+
+
+def test_resume_of_an_unseeded_stage() -> None:
+    # The factory builds a node with a new random seed; the state must carry the old one.
+    saved = echo(list(range(30)), 2.5)
+    head = [next(saved) for _ in range(10)]
+    state = saved.state_dict()
+    rest = list(saved)
+    resumed = echo(list(range(30)), 2.5)
+    resumed.reset(state)
+    assert list(resumed) == rest and head
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    factor=st.floats(1, 6),
+    n=st.integers(0, 12),
+    k=st.integers(0, 80),
+    seed=st.integers(0, 2**32),
+)
+@pytest.mark.timeout(60)
+def test_resume_at_random_points(factor: float, n: int, k: int, seed: int) -> None:
+    run_test_save_load_state(lambda: echo(list(range(n)), factor, seed=seed), positions=[k])
+
+
+# --- sources and the Stage base ---------------------------------------------------------------
+
+
+def test_any_iterable_is_a_source() -> None:
+    assert list(echo((i for i in range(3)), 2, seed=0)) == [0, 0, 1, 1, 2, 2]
+    node = IterableWrapper([1, 2])
+    assert as_node(node) is node
+    with pytest.raises(TypeError, match=r"source must be an iterable .* got int"):
+        echo(5, 2)
+
+
+def test_stages_compose() -> None:
+    out = list(echo(echo(range(3), 2, seed=0), 3, seed=0))
+    assert out == [x for x in range(3) for _ in range(6)]
+
+
+def test_exhausted_stage_keeps_raising_stop_iteration() -> None:
+    node = echo(range(2), 2.5, seed=0)
+    list(node)
+    for _ in range(3):
+        with pytest.raises(StopIteration):
+            next(node)
+
+
+# --- argument validation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("factor", "exc", "named"),
+    [
+        (0.5, ValueError, "0.5"),
+        (0, ValueError, "0.0"),
+        (-2, ValueError, "-2.0"),
+        (float("nan"), ValueError, "nan"),
+        (float("inf"), ValueError, "inf"),
+        (float("-inf"), ValueError, "-inf"),
+        ("2", TypeError, "'2'"),
+        (None, TypeError, "None"),
+        (True, TypeError, "True"),
+        (torch.tensor(2.0), TypeError, "tensor(2.)"),
+    ],
+)
+def test_bad_factor_errors_name_the_value_and_range(factor: object, exc: type, named: str) -> None:
+    with pytest.raises(exc) as info:
+        echo(range(3), factor)  # type: ignore[arg-type]
+    msg = str(info.value)
+    assert f"got {named}" in msg
+    assert "factor must be" in msg and ">= 1" in msg
+    assert "factor=" in msg  # the fix: an example of a valid call
+
+
+@pytest.mark.parametrize(("seed", "exc"), [(-1, ValueError), (1.5, TypeError), ("3", TypeError)])
+def test_bad_seed_errors_name_the_value_and_range(seed: object, exc: type) -> None:
+    with pytest.raises(exc, match=r"seed must be an integer >= 0|seed must be >= 0") as info:
+        echo(range(3), 2, seed=seed)  # type: ignore[arg-type]
+    assert f"got {seed!r}" in str(info.value)
+    assert "non-negative int or None" in str(info.value)
+
+
+def test_valid_factor_types_are_accepted() -> None:
+    import fractions
+
+    import numpy as np
+
+    for f in (np.float32(2.5), np.int64(2), fractions.Fraction(5, 2), 1):
+        assert echo(range(1), f).factor == float(f)
+    assert isinstance(echo(range(1), np.int64(2)).factor, float)
+
+
+def test_validate_helpers_not_yet_used_by_a_stage() -> None:
+    assert _validate.positive_int(3, name="n") == 3
+    with pytest.raises(ValueError, match=r"n must be >= 1, got 0; try 4"):
+        _validate.positive_int(0, name="n", hint="try 4")
+    with pytest.raises(TypeError, match=r"n must be an integer >= 0, got 2.0 of type float"):
+        _validate.positive_int(2.0, name="n")
+    assert _validate.one_of("a", ("a", "b"), name="mode") == "a"
+    with pytest.raises(ValueError, match=r"mode must be one of 'a', 'b', got 'c'"):
+        _validate.one_of("c", ("a", "b"), name="mode")
+    with pytest.raises(ValueError, match=r"k must be >= 0, got -1; use 0 to disable"):
+        _validate.non_negative_int(-1, name="k")
+    assert _validate.seed(None) is None and _validate.seed(0) == 0

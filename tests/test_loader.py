@@ -1,0 +1,325 @@
+"""EchoingDataLoader: insertion points, counts, workers, epochs, resume, copies and errors."""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+from conftest import run_test_save_load_state
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from dataecho import EchoingDataLoader
+
+WHERES = ("before_augment", "after_augment", "batch")
+
+
+class Numbers(Dataset):
+    """Example i is (a float tensor filled with i, label i)."""
+
+    def __init__(self, n: int, width: int = 3) -> None:
+        self.n, self.width = n, width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((self.width,), float(i)), i
+
+
+class NumberStream(IterableDataset):
+    """The same examples as an iterable dataset that splits itself between workers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(start, self.n, step):
+            yield torch.full((3,), float(i)), i
+
+
+def add_noise(example):
+    """A random augmentation drawing from torch's global RNG, as torchvision's do."""
+    x, y = example
+    return x + torch.rand(x.shape), y
+
+
+def labels_of(batches) -> list[int]:
+    return [int(y) for _, ys in batches for y in ys]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("where", WHERES)
+def test_every_example_delivered_exactly_factor_times(where, num_workers):
+    loader = EchoingDataLoader(
+        Numbers(50), batch_size=4, echo_factor=3, where=where, shuffle_buffer=7,
+        num_workers=num_workers, seed=1, shuffle=True, transform=add_noise,
+    )
+    batches = list(loader)
+    counts = collections.Counter(labels_of(batches))
+    assert counts == {i: 3 for i in range(50)}
+    s = loader.stats
+    assert s.batches == len(batches)
+    assert s.fresh_examples == 50
+    assert s.examples_out == 150
+    assert s.realized_factor == 3.0
+    assert s.echoed_examples == 100
+    assert s.wait_seconds > 0
+
+
+def test_iterable_dataset_with_workers_reads_each_example_once():
+    loader = EchoingDataLoader(NumberStream(40), batch_size=5, echo_factor=2, num_workers=2, seed=0)
+    assert collections.Counter(labels_of(loader)) == {i: 2 for i in range(40)}
+    assert loader.stats.fresh_examples == 40
+
+
+def test_fractional_factor_counts_add_up():
+    loader = EchoingDataLoader(Numbers(2000), batch_size=50, echo_factor=2.5, seed=4)
+    counts = collections.Counter(labels_of(loader))
+    assert set(counts) == set(range(2000))
+    assert set(counts.values()) == {2, 3}
+    assert loader.stats.examples_out == sum(counts.values())
+    assert abs(loader.stats.realized_factor - 2.5) < 0.06
+
+
+class CountingTransform:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, example):
+        self.calls += 1
+        return add_noise(example)
+
+
+@pytest.mark.parametrize(
+    ("where", "expected_calls"), [("before_augment", 80), ("after_augment", 20), ("batch", 20)]
+)
+def test_transform_calls_per_insertion_point(where, expected_calls):
+    transform = CountingTransform()
+    loader = EchoingDataLoader(
+        Numbers(20), batch_size=4, echo_factor=4, where=where, transform=transform, seed=0
+    )
+    batches = list(loader)
+    assert transform.calls == expected_calls
+    assert loader.stats.examples_out == 80 and loader.stats.fresh_examples == 20
+    values = collections.defaultdict(set)
+    for xs, ys in batches:
+        for x, y in zip(xs, ys, strict=True):
+            values[int(y)].add(tuple(x.tolist()))
+    distinct = {len(v) for v in values.values()}
+    # Before augmentation every copy is augmented on its own; after it, copies are identical.
+    assert distinct == ({4} if where == "before_augment" else {1})
+
+
+def test_batch_echoing_repeats_whole_batches():
+    loader = EchoingDataLoader(Numbers(24), batch_size=4, echo_factor=2, where="batch", seed=0)
+    batches = [ys.tolist() for _, ys in loader]
+    assert len(batches) == 12
+    assert batches[0::2] == batches[1::2]  # no shuffle: copies adjacent
+    assert sorted(sum(batches[0::2], [])) == list(range(24))
+
+
+def test_batch_echoing_with_shuffle_spreads_copies():
+    loader = EchoingDataLoader(
+        Numbers(80), batch_size=4, echo_factor=2, where="batch", shuffle_buffer=8, seed=0
+    )
+    batches = [tuple(ys.tolist()) for _, ys in loader]
+    assert collections.Counter(batches) == {b: 2 for b in set(batches)}
+    adjacent = sum(a == b for a, b in zip(batches, batches[1:], strict=False))
+    assert adjacent < len(batches) // 4
+
+
+def stream(loader) -> list[tuple[list[float], list[int]]]:
+    return [(xs.flatten().tolist(), ys.tolist()) for xs, ys in loader]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_same_seed_same_stream_different_seed_different_stream(num_workers):
+    def make(seed):
+        return EchoingDataLoader(
+            Numbers(30), batch_size=4, echo_factor=2.5, shuffle_buffer=6, transform=add_noise,
+            num_workers=num_workers, seed=seed, shuffle=True,
+        )
+
+    assert stream(make(7)) == stream(make(7))
+    assert stream(make(7)) != stream(make(8))
+
+
+def test_each_epoch_has_a_new_order_and_new_augmentations():
+    loader = EchoingDataLoader(
+        Numbers(30), batch_size=5, echo_factor=2, shuffle_buffer=8, transform=add_noise,
+        seed=3, shuffle=True,
+    )
+    first, second = stream(loader), stream(loader)
+    assert [y for _, ys in first for y in ys] != [y for _, ys in second for y in ys]
+    assert loader.epoch == 1
+    assert loader.stats.fresh_examples == 60
+
+
+def test_workers_get_distinct_seeds():
+    zeros = [(torch.zeros(4), 0) for _ in range(16)]
+    loader = EchoingDataLoader(zeros, batch_size=8, transform=add_noise, num_workers=2, seed=5)
+    a, b = [xs for xs, _ in loader]
+    assert not torch.equal(a, b)
+
+
+def test_loader_does_not_disturb_the_callers_random_state():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    list(EchoingDataLoader(Numbers(12), batch_size=4, transform=add_noise, seed=0))
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize(
+    ("where", "num_workers"),
+    [("before_augment", 0), ("after_augment", 0), ("batch", 0), ("before_augment", 2), ("batch", 2)],
+)
+def test_resume_at_every_position(where, num_workers):
+    def make():
+        return EchoingDataLoader(
+            Numbers(14), batch_size=3, echo_factor=1.5, where=where, shuffle_buffer=4,
+            transform=add_noise, num_workers=num_workers, seed=11, shuffle=True,
+        )
+
+    positions = range(0, 9) if num_workers == 0 else [0, 2, 5]
+    recorded = run_test_save_load_state(
+        make,
+        positions=positions,
+        restore=lambda loader, state: loader.load_state_dict(state),
+        new_epoch=lambda loader: None,
+        summary=lambda loader: (loader.stats.fresh_examples, loader.stats.examples_out),
+    )
+    assert all(len(epoch) >= 6 for epoch in recorded)
+
+
+def test_state_before_iteration_and_between_epochs():
+    make = lambda: EchoingDataLoader(Numbers(10), batch_size=4, echo_factor=2, seed=1, shuffle=True)  # noqa: E731
+    loader = make()
+    list(loader)
+    state = loader.state_dict()  # between epochs: the next iter() starts epoch 1
+    expected = stream(loader)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["root"] is None
+    assert stream(resumed) == expected
+    assert resumed.epoch == 1
+
+
+def test_copies_never_alias_even_with_in_place_transforms():
+    source = [(torch.zeros(3), i) for i in range(8)]
+
+    def add_one_in_place(example):
+        x, y = example
+        x.add_(1)
+        return x, y
+
+    loader = EchoingDataLoader(source, batch_size=4, echo_factor=3, transform=add_one_in_place)
+    for xs, _ in loader:
+        assert torch.equal(xs, torch.ones_like(xs))
+    assert all(torch.equal(x, torch.zeros(3)) for x, _ in source)
+
+
+def test_copy_false_shares_the_objects():
+    source = [(torch.zeros(3), i) for i in range(4)]
+
+    def add_one_in_place(example):
+        example[0].add_(1)
+        return example
+
+    loader = EchoingDataLoader(
+        source, batch_size=2, echo_factor=2, transform=add_one_in_place, copy=False
+    )
+    values = [float(x[0]) for xs, _ in loader for x in xs]
+    # The opt-out: both copies are one object, so each saw both in-place additions.
+    assert values == [2.0] * 8
+    assert all(float(x[0]) == 2.0 for x, _ in source)
+
+
+class FailingDataset(Numbers):
+    def __getitem__(self, i):
+        if i == 9:
+            raise_deep_inside(i)
+        return super().__getitem__(i)
+
+
+def raise_deep_inside(i):
+    raise KeyError(f"record {i} is corrupt")
+
+
+def test_upstream_error_reaches_consumer_with_original_traceback():
+    loader = EchoingDataLoader(FailingDataset(20), batch_size=4, echo_factor=2, seed=0)
+    got = []
+    with pytest.raises(KeyError, match="record 9 is corrupt") as info:
+        for _, ys in loader:
+            got += ys.tolist()
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "raise_deep_inside" in frames
+    assert sorted(set(got)) == list(range(8))  # the batches before the failure arrived
+
+
+@pytest.mark.timeout(60)
+def test_worker_error_has_original_traceback_and_leaves_no_process():
+    loader = EchoingDataLoader(FailingDataset(40), batch_size=4, num_workers=2, seed=0)
+    with pytest.raises(KeyError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "record 9 is corrupt" in message
+    assert "Original Traceback" in message and "raise_deep_inside" in message
+    assert multiprocessing.active_children() == []
+
+
+def test_transform_error_reaches_consumer():
+    def broken(example):
+        raise ValueError("augmentation failed")
+
+    with pytest.raises(ValueError, match="augmentation failed"):
+        list(EchoingDataLoader(Numbers(4), batch_size=2, transform=broken))
+
+
+@pytest.mark.timeout(60)
+def test_close_mid_epoch_stops_workers():
+    before = set(threading.enumerate())
+    loader = EchoingDataLoader(Numbers(400), batch_size=4, num_workers=2, seed=0)
+    it = iter(loader)
+    next(it)
+    assert len(multiprocessing.active_children()) == 2
+    loader.close()
+    assert multiprocessing.active_children() == []
+    # The queues' feeder threads finish flushing shortly after the workers stop.
+    deadline = time.monotonic() + 10
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(threading.enumerate()) - before == set()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"batch_size": 0}, ValueError, ["batch_size", ">= 1", "0"]),
+        ({"batch_size": -3}, ValueError, ["batch_size", "-3"]),
+        ({"batch_size": 2.5}, TypeError, ["batch_size", "2.5", "integer"]),
+        ({"echo_factor": 0.5}, ValueError, ["echo_factor", ">= 1", "0.5"]),
+        ({"echo_factor": float("nan")}, ValueError, ["echo_factor", "nan", "finite"]),
+        ({"echo_factor": float("inf")}, ValueError, ["echo_factor", "inf"]),
+        ({"echo_factor": "2"}, TypeError, ["echo_factor", "'2'", "str"]),
+        ({"where": "middle"}, ValueError, ["where", "'middle'", "before_augment", "batch"]),
+        ({"shuffle_buffer": -1}, ValueError, ["shuffle_buffer", ">= 0", "-1"]),
+        ({"num_workers": -1}, ValueError, ["num_workers", "-1"]),
+        ({"transform": 3}, TypeError, ["transform", "callable", "int"]),
+        ({"seed": -5}, ValueError, ["seed", "-5"]),
+        ({"persistent_workers": True}, ValueError, ["persistent_workers", "drop"]),
+    ],
+)
+def test_bad_arguments_name_value_range_and_fix(kwargs, error, words):
+    args = {"batch_size": 4, **kwargs}
+    with pytest.raises(error) as info:
+        EchoingDataLoader(Numbers(4), **args)
+    for word in words:
+        assert word in str(info.value)
