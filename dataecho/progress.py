@@ -116,7 +116,8 @@ class TrainingProgress:
             total=total_steps, desc=desc, file=file, disable=disable, unit="step", **tqdm_kwargs
         )
         self._steps, self._examples, self._fresh, self._wait = 0, 0, 0.0, 0.0
-        self._fresh_given = self._wait_measured = self._closed = False
+        self._fresh_given = self._wait_measured = False
+        self._final: ProgressSnapshot | None = None  # frozen by close()
         self._stats_src: object = None
         self._stats_base: tuple[float, float, float | None] | None = None
         if loader is not None:
@@ -163,6 +164,11 @@ class TrainingProgress:
         )
 
     def _record(self, examples: int, fresh: int | None, wait: float | None) -> None:
+        if self._final is not None:
+            raise RuntimeError(
+                f"TrainingProgress {self.desc!r} is closed (its summary is final); "
+                "start a new TrainingProgress for more steps"
+            )
         self._steps += 1
         self._examples += examples
         if fresh is not None:
@@ -193,7 +199,9 @@ class TrainingProgress:
         )
 
     def snapshot(self) -> ProgressSnapshot:
-        """The counts since the start."""
+        """The counts since the start (up to :meth:`close`, after which they stay fixed)."""
+        if self._final is not None:
+            return self._final
         fresh, wait = self._fresh, self._wait if self._wait_measured else None
         now = _read_stats(self._stats_src)
         if now is not None and self._stats_base is not None:
@@ -220,11 +228,11 @@ class TrainingProgress:
 
     def close(self) -> None:
         """Show the final postfix, close the bar and print the summary (once)."""
-        if self._closed:
+        if self._final is not None:
             return
-        self._closed = True
         if not self._disable and self._steps:
             self._refresh()
+        self._final = self.snapshot()
         self._bar.close()
         if self._print_summary:
             print(self.summary(), file=self._file if self._file is not None else sys.stderr)

@@ -58,8 +58,15 @@ def labels_of(batches) -> list[int]:
 @pytest.mark.parametrize("where", WHERES)
 def test_every_example_delivered_exactly_factor_times(where, num_workers):
     loader = EchoingDataLoader(
-        Numbers(50), batch_size=4, echo_factor=3, where=where, shuffle_buffer=7,
-        num_workers=num_workers, seed=1, shuffle=True, transform=add_noise,
+        Numbers(50),
+        batch_size=4,
+        echo_factor=3,
+        where=where,
+        shuffle_buffer=7,
+        num_workers=num_workers,
+        seed=1,
+        shuffle=True,
+        transform=add_noise,
     )
     batches = list(loader)
     counts = collections.Counter(labels_of(batches))
@@ -143,8 +150,14 @@ def stream(loader) -> list[tuple[list[float], list[int]]]:
 def test_same_seed_same_stream_different_seed_different_stream(num_workers):
     def make(seed):
         return EchoingDataLoader(
-            Numbers(30), batch_size=4, echo_factor=2.5, shuffle_buffer=6, transform=add_noise,
-            num_workers=num_workers, seed=seed, shuffle=True,
+            Numbers(30),
+            batch_size=4,
+            echo_factor=2.5,
+            shuffle_buffer=6,
+            transform=add_noise,
+            num_workers=num_workers,
+            seed=seed,
+            shuffle=True,
         )
 
     assert stream(make(7)) == stream(make(7))
@@ -153,8 +166,13 @@ def test_same_seed_same_stream_different_seed_different_stream(num_workers):
 
 def test_each_epoch_has_a_new_order_and_new_augmentations():
     loader = EchoingDataLoader(
-        Numbers(30), batch_size=5, echo_factor=2, shuffle_buffer=8, transform=add_noise,
-        seed=3, shuffle=True,
+        Numbers(30),
+        batch_size=5,
+        echo_factor=2,
+        shuffle_buffer=8,
+        transform=add_noise,
+        seed=3,
+        shuffle=True,
     )
     first, second = stream(loader), stream(loader)
     assert [y for _, ys in first for y in ys] != [y for _, ys in second for y in ys]
@@ -179,13 +197,26 @@ def test_loader_does_not_disturb_the_callers_random_state():
 
 @pytest.mark.parametrize(
     ("where", "num_workers"),
-    [("before_augment", 0), ("after_augment", 0), ("batch", 0), ("before_augment", 2), ("batch", 2)],
+    [
+        ("before_augment", 0),
+        ("after_augment", 0),
+        ("batch", 0),
+        ("before_augment", 2),
+        ("batch", 2),
+    ],
 )
 def test_resume_at_every_position(where, num_workers):
     def make():
         return EchoingDataLoader(
-            Numbers(14), batch_size=3, echo_factor=1.5, where=where, shuffle_buffer=4,
-            transform=add_noise, num_workers=num_workers, seed=11, shuffle=True,
+            Numbers(14),
+            batch_size=3,
+            echo_factor=1.5,
+            where=where,
+            shuffle_buffer=4,
+            transform=add_noise,
+            num_workers=num_workers,
+            seed=11,
+            shuffle=True,
         )
 
     positions = range(0, 9) if num_workers == 0 else [0, 2, 5]
@@ -197,6 +228,32 @@ def test_resume_at_every_position(where, num_workers):
         summary=lambda loader: (loader.stats.fresh_examples, loader.stats.examples_out),
     )
     assert all(len(epoch) >= 6 for epoch in recorded)
+
+
+@pytest.mark.timeout(120)
+def test_resume_between_worker_snapshots_replays_exactly():
+    # shuffle_buffer // batch_size = 3 batches between worker snapshots: a resume in between
+    # replays the worker from its last snapshot and must still continue exactly.
+    def make():
+        return EchoingDataLoader(
+            Numbers(24),
+            batch_size=3,
+            echo_factor=2,
+            shuffle_buffer=9,
+            transform=add_noise,
+            num_workers=2,
+            seed=2,
+            shuffle=True,
+        )
+
+    assert make()._inner.snapshot_every_n_steps == 3
+    run_test_save_load_state(
+        make,
+        epochs=1,
+        positions=[1, 4, 8],
+        restore=lambda loader, state: loader.load_state_dict(state),
+        new_epoch=lambda loader: None,
+    )
 
 
 def test_state_before_iteration_and_between_epochs():

@@ -99,7 +99,7 @@ def test_time_model_serial_hand_arithmetic() -> None:
     assert time_model(0.020, 0.005, 1, overlap=False).speedup == pytest.approx(1.0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     t_up=st.floats(1e-6, 10.0),
     t_down=st.floats(1e-6, 10.0),

@@ -83,8 +83,8 @@ class EchoingDataLoader:
         drop_last: drop each worker's last incomplete batch.
         copy: echoed copies never alias (costs one memcpy per copy); False to share them.
         collate_fn: how examples become a batch (default: ``torch.utils.data.default_collate``).
-        **dataloader_kwargs: passed to the inner DataLoader (pin_memory, timeout,
-            prefetch_factor, multiprocessing_context, worker_init_fn, ...).
+        **dataloader_kwargs: passed to the inner ``StatefulDataLoader`` (pin_memory, timeout,
+            prefetch_factor, multiprocessing_context, snapshot_every_n_steps, ...).
     """
 
     def __init__(
@@ -130,6 +130,13 @@ class EchoingDataLoader:
         # The inner DataLoader draws its workers' base seed from this generator rather than
         # from torch's global RNG, which belongs to the training loop.
         dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(self.seed))
+        # Workers send their pipeline's state with every snapshot, shuffle buffer included.
+        # One snapshot per buffer's worth of batches keeps that cost small; a resume between
+        # snapshots replays (re-reads) at most that many batches in the worker, then continues
+        # exactly where the checkpoint was.
+        dataloader_kwargs.setdefault(
+            "snapshot_every_n_steps", max(1, self.options.shuffle_buffer // self.options.batch_size)
+        )
         self._pipeline = PipelineDataset(dataset, self.options, collate_fn or default_collate)
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
@@ -170,9 +177,16 @@ class EchoingDataLoader:
         node: BaseNode[Any] = workers
         key = (self._epoch, _MAIN_PROCESS)
         if opts.echo_factor > 1:
-            node = Echo(node, opts.echo_factor, seed=derive_seed(self.seed, *key, STAGE_ECHO), copy=opts.copy)
+            node = Echo(
+                node,
+                opts.echo_factor,
+                seed=derive_seed(self.seed, *key, STAGE_ECHO),
+                copy=opts.copy,
+            )
         if opts.shuffle_buffer > 1:
-            node = Shuffle(node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE))
+            node = Shuffle(
+                node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE)
+            )
         return node
 
     def state_dict(self) -> dict[str, Any]:
@@ -182,7 +196,12 @@ class EchoingDataLoader:
             root = self._resume
         else:
             root = it.root.state_dict() if it is not None and not it.finished else None
-        return {"epoch": self._epoch, "seed": self.seed, "root": root, "stats": self.stats.state_dict()}
+        return {
+            "epoch": self._epoch,
+            "seed": self.seed,
+            "root": root,
+            "stats": self.stats.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next ``iter()`` continues where it stopped."""

@@ -38,14 +38,24 @@ class LoaderOptions:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
-        set_(self, "batch_size", _validate.positive_int(
-            self.batch_size, name="batch_size", hint="pass the number of examples per batch, e.g. 128"
-        ))
+        set_(
+            self,
+            "batch_size",
+            _validate.positive_int(
+                self.batch_size,
+                name="batch_size",
+                hint="pass the number of examples per batch, e.g. 128",
+            ),
+        )
         set_(self, "echo_factor", _validate.echo_factor(self.echo_factor, name="echo_factor"))
         _validate.one_of(self.where, WHERE_CHOICES, name="where")
-        set_(self, "shuffle_buffer", _validate.non_negative_int(
-            self.shuffle_buffer, name="shuffle_buffer", hint="use 0 for no post-echo shuffling"
-        ))
+        set_(
+            self,
+            "shuffle_buffer",
+            _validate.non_negative_int(
+                self.shuffle_buffer, name="shuffle_buffer", hint="use 0 for no post-echo shuffling"
+            ),
+        )
         if self.transform is not None and not callable(self.transform):
             raise TypeError(
                 f"transform must be a callable (example -> example) or None, got "

@@ -18,7 +18,13 @@ from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import Counted, IndexedReader
 from dataecho.loader.rng_scope import RngScope
 from dataecho.stages import Echo, Shuffle
-from dataecho.stages.seeds import STAGE_ECHO, STAGE_ORDER, STAGE_SHUFFLE, STAGE_TRANSFORM, derive_seed
+from dataecho.stages.seeds import (
+    STAGE_ECHO,
+    STAGE_ORDER,
+    STAGE_SHUFFLE,
+    STAGE_TRANSFORM,
+    derive_seed,
+)
 
 
 class PipelineDataset(IterableDataset):
@@ -46,8 +52,10 @@ class PipelineIterator:
         opts = owner.options
         seed = lambda stage: derive_seed(owner.seed, owner.epoch, worker, stage)  # noqa: E731
 
-        if hasattr(owner.dataset, "__getitem__") and hasattr(owner.dataset, "__len__") and not (
-            isinstance(owner.dataset, IterableDataset)
+        if (
+            hasattr(owner.dataset, "__getitem__")
+            and hasattr(owner.dataset, "__len__")
+            and not (isinstance(owner.dataset, IterableDataset))
         ):
             # One order per epoch, shared by all workers, so their strided shares are disjoint.
             order_seed = derive_seed(owner.seed, owner.epoch, STAGE_ORDER) if opts.shuffle else None
@@ -92,7 +100,11 @@ class PipelineIterator:
         return batch, fresh
 
     def state_dict(self) -> dict[str, Any]:
-        return {"root": self._root.state_dict(), "rng": self._rng.state_dict(), "reported": self._reported}
+        return {
+            "root": self._root.state_dict(),
+            "rng": self._rng.state_dict(),
+            "reported": self._reported,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._root.reset(state["root"])
@@ -112,5 +124,9 @@ def batch_length(batch: Any) -> int:
     if isinstance(batch, dict) and batch:
         return batch_length(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:
-        return batch_length(batch[0]) if isinstance(batch[0], (torch.Tensor, dict, list, tuple)) else len(batch)
+        return (
+            batch_length(batch[0])
+            if isinstance(batch[0], (torch.Tensor, dict, list, tuple))
+            else len(batch)
+        )
     return len(batch) if hasattr(batch, "__len__") else 1

@@ -91,20 +91,29 @@ def missing_data_error(path: Path) -> DataNotFoundError:
     """The error for a missing file: the path, the install command and the --data-dir option."""
     return DataNotFoundError(
         f"Fashion-MNIST file not found: {path}\n"
-        f"Install the Debian package with:  sudo {INSTALL_COMMAND}\n"
+        f"Install it with:  {INSTALL_COMMAND}  (as root, or with sudo)\n"
         f"(it puts the files in {DEFAULT_DATA_DIR}), or, if you have the four "
         f"*-ubyte.gz files elsewhere, pass --data-dir DIR (data_dir=DIR in Python)."
     )
 
 
+def check_files(data_dir: str | Path = DEFAULT_DATA_DIR, splits: tuple[str, ...] = SPLITS) -> None:
+    """Raise :class:`DataNotFoundError` unless every file of ``splits`` is in ``data_dir``.
+
+    Cheap (no reading), so a command can fail at once rather than after minutes of work.
+    """
+    for split in splits:
+        _validate.one_of(split, SPLITS, name="split")
+        for name in FILES[split]:
+            path = Path(data_dir) / name
+            if not path.is_file():
+                raise missing_data_error(path)
+
+
 def load_split(data_dir: str | Path = DEFAULT_DATA_DIR, split: str = "train"):
     """The ``(images, labels)`` of one split as numpy arrays: uint8 (N, 28, 28), int64 (N,)."""
-    _validate.one_of(split, SPLITS, name="split")
-    data_dir = Path(data_dir)
-    image_file, label_file = (data_dir / name for name in FILES[split])
-    for path in (image_file, label_file):  # check both before the slow read of either
-        if not path.is_file():
-            raise missing_data_error(path)
+    check_files(data_dir, (split,))
+    image_file, label_file = (Path(data_dir) / name for name in FILES[split])
     images, labels = read_idx(image_file), read_idx(label_file)
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
         raise IDXFormatError(

@@ -43,6 +43,7 @@ from torchdata.nodes import BaseNode
 from dataecho import _validate
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item
+from dataecho.stages.packing import pack, unpack
 from dataecho.stages.seeds import STAGE_ADAPTIVE
 
 T = TypeVar("T")
@@ -199,13 +200,15 @@ class AdaptiveEcho(Stage[T]):
             "source": copy_item(self._source_state),
             "rng": self._rng.getstate(),
             "stats": self.stats.state_dict(),
-            "buffer": [[copy_item(item), count] for item, count in self._buffer],
+            "buffer": pack([item for item, _ in self._buffer]),
+            "counts": [count for _, count in self._buffer],
             "done": self._done,
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
         self._buffer.clear()
-        self._buffer.extend([item, int(count)] for item, count in state["buffer"])
+        items = unpack(state["buffer"])
+        self._buffer.extend([item, int(c)] for item, c in zip(items, state["counts"], strict=True))
         self._done = bool(state["done"])
 
     def close(self, timeout: float | None = None) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from dataecho import _validate
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item
+from dataecho.stages.packing import pack, unpack
 from dataecho.stages.seeds import STAGE_ECHO
 
 T = TypeVar("T")
@@ -65,11 +66,12 @@ class Echo(Stage[T]):
         return item
 
     def _get_stage_state(self) -> dict[str, Any]:
-        pending = copy_item(self._pending) if self._remaining else None
+        pending = pack([self._pending] if self._remaining else [])
         return {"pending": pending, "copies": self._copies, "remaining": self._remaining}
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        self._pending = state["pending"]
+        pending = unpack(state["pending"])
+        self._pending = pending[0] if pending else None
         self._copies = int(state["copies"])
         self._remaining = int(state["remaining"])
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from dataecho import _validate
 from dataecho.stages.base import Stage
-from dataecho.stages.copying import copy_item
+from dataecho.stages.packing import pack, unpack
 from dataecho.stages.seeds import STAGE_SHUFFLE
 
 T = TypeVar("T")
@@ -59,11 +59,11 @@ class Shuffle(Stage[T]):
         return buf.pop()
 
     def _get_stage_state(self) -> dict[str, Any]:
-        # Copied so that a consumer changing an item later cannot change a saved state.
-        return {"buffer": [copy_item(x) for x in self._buffer], "exhausted": self._exhausted}
+        # Packed (a copy), so a consumer changing an item later cannot change a saved state.
+        return {"buffer": pack(self._buffer), "exhausted": self._exhausted}
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        self._buffer = list(state["buffer"])
+        self._buffer = unpack(state["buffer"])
         self._exhausted = bool(state["exhausted"])
 
 

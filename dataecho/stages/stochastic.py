@@ -17,6 +17,7 @@ from dataecho import _validate
 from dataecho.schedules import check_probability
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item
+from dataecho.stages.packing import pack, unpack
 from dataecho.stages.seeds import STAGE_STOCHASTIC
 
 T = TypeVar("T")
@@ -119,16 +120,16 @@ class StochasticEcho(Stage[T]):
         return item
 
     def _get_stage_state(self) -> dict[str, Any]:
-        # Copied so that a consumer changing an item later cannot change a saved state.
+        # Packed (a copy), so a consumer changing an item later cannot change a saved state.
         return {
-            "buffer": [copy_item(x) for x in self._buffer],
+            "buffer": pack(self._buffer),
             "oldest": self._oldest,
             "step": self._step,
             "exhausted": self._exhausted,
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        self._buffer = list(state["buffer"])
+        self._buffer = unpack(state["buffer"])
         self._oldest = int(state["oldest"])
         self._step = int(state["step"])
         self._exhausted = bool(state["exhausted"])

@@ -1,0 +1,131 @@
+"""Augmentation: every output is a shift/flip of the input, all of them occur, seeding holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dataecho.loader import EchoingDataLoader
+from dataecho.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, Augment, normalize
+
+
+def reference_variants(image: torch.Tensor, pad: int) -> dict[tuple[int, int, bool], torch.Tensor]:
+    """Every pad-then-crop (by torch's own F.pad) and flip of ``image``, normalised."""
+    x = normalize(image)
+    fill = -FASHION_MNIST_MEAN / FASHION_MNIST_STD
+    out = {}
+    for flip in (False, True):
+        src = x.flip(-1) if flip else x
+        padded = F.pad(src, (pad, pad, pad, pad), value=fill)
+        h, w = image.shape[1:]
+        for oy in range(2 * pad + 1):
+            for ox in range(2 * pad + 1):
+                out[(oy, ox, flip)] = padded[:, oy : oy + h, ox : ox + w]
+    return out
+
+
+def match(out: torch.Tensor, variants: dict) -> list[tuple[int, int, bool]]:
+    return [key for key, v in variants.items() if torch.allclose(out, v, atol=1e-6)]
+
+
+def random_image(seed: int, shape=(1, 28, 28)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), pad=st.integers(0, 4), channels=st.integers(1, 3))
+def test_every_output_is_one_shift_and_flip_of_the_input(seed, pad, channels):
+    image = random_image(seed, (channels, 12, 10))
+    before = image.clone()
+    variants = reference_variants(image, pad)
+    torch.manual_seed(seed)
+    for _ in range(5):
+        out = Augment(pad=pad)(image)
+        assert out.dtype == torch.float32 and out.shape == image.shape
+        assert match(out, variants), "output is no pad-and-crop/flip of the input"
+    assert torch.equal(image, before)  # never in place
+
+
+def test_all_shifts_and_both_flips_occur_roughly_uniformly():
+    image = random_image(0)  # random pixels: every variant is distinct
+    variants = reference_variants(image, 2)
+    table = torch.stack([v.flatten() for v in variants.values()])
+    torch.manual_seed(1)
+    augment = Augment(pad=2)
+    counts = torch.zeros(len(variants), dtype=torch.long)
+    for _ in range(2000):
+        distance = (table - augment(image).flatten()).abs().amax(dim=1)
+        assert int((distance < 1e-5).sum()) == 1
+        counts[distance.argmin()] += 1
+    # 50 variants, 40 expected each; a fair draw stays far inside 10..80.
+    assert int(counts.min()) >= 10 and int(counts.max()) <= 80
+
+
+def test_no_shift_no_flip_is_plain_normalisation_for_uint8_and_float():
+    image = random_image(3)
+    plain = Augment(pad=0, flip=False)
+    torch.testing.assert_close(plain(image), normalize(image))
+    torch.testing.assert_close(plain(image.float() / 255), normalize(image))
+    expected = (image.float() / 255 - FASHION_MNIST_MEAN) / FASHION_MNIST_STD
+    torch.testing.assert_close(normalize(image), expected)
+
+
+def test_float_and_uint8_inputs_augment_alike_under_one_seed():
+    image = random_image(4)
+    torch.manual_seed(5)
+    a = Augment()(image)
+    torch.manual_seed(5)
+    b = Augment()(image.float() / 255)
+    torch.testing.assert_close(a, b)
+
+
+def test_uses_the_global_torch_rng_so_a_seed_repeats_it():
+    image = random_image(6)
+    torch.manual_seed(7)
+    first = [Augment()(image) for _ in range(10)]
+    torch.manual_seed(7)
+    again = [Augment()(image) for _ in range(10)]
+    assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True))
+    assert len({tuple(x.flatten().tolist()) for x in first}) > 1
+
+
+def test_examples_keep_their_label_and_extra_fields():
+    image = random_image(8)
+    out = Augment()((image, 3, "extra"))
+    assert isinstance(out, tuple) and out[1:] == (3, "extra") and out[0].dtype == torch.float32
+
+
+def test_rejects_batches_and_oversized_pads():
+    with pytest.raises(
+        ValueError, match=r"one image of shape \(C, H, W\), got shape \(2, 1, 28, 28\)"
+    ):
+        Augment()(torch.zeros(2, 1, 28, 28, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="pad=28 shifts the whole"):
+        Augment(pad=28)(torch.zeros(1, 28, 28, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="pad must be >= 0"):
+        Augment(pad=-1)
+
+
+@pytest.mark.timeout(60)
+def test_seeded_loader_augments_the_same_way_and_copies_differ():
+    """Inside EchoingDataLoader (worker process): same seed, same batches; echoed copies differ."""
+    data = [(random_image(i), i) for i in range(32)]
+
+    def batches(seed):
+        loader = EchoingDataLoader(
+            data, batch_size=16, echo_factor=2, transform=Augment(), num_workers=1, seed=seed
+        )
+        return list(loader)
+
+    a, b, c = batches(0), batches(0), batches(1)
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(a, c, strict=True))
+    images = torch.cat([x[0] for x in a])
+    labels = torch.cat([x[1] for x in a])
+    # Echoing before augmentation: the two copies of an example are augmented independently.
+    differ = sum(not torch.equal(*images[labels == i]) for i in range(32))
+    assert differ >= 24  # 50 variants: two equal draws are rare
