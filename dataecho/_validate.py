@@ -9,11 +9,12 @@ import math
 import numbers
 
 
-def echo_factor(value: object, *, name: str = "factor") -> float:
+def echo_factor(value: object, *, name: str = "factor", auto_ok: bool = False) -> float:
     """Return ``value`` as a float echo factor in [1, inf), or raise a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        auto = ' or "auto" (echo only while fresh data is late)' if auto_ok else ""
         raise TypeError(
-            f"{name} must be a real number >= 1 (e.g. 2 or 2.5), got {value!r} "
+            f"{name} must be a real number >= 1 (e.g. 2 or 2.5){auto}, got {value!r} "
             f"of type {type(value).__name__}; pass a float such as {name}=2.0"
         )
     value = float(value)

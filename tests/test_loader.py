@@ -380,3 +380,88 @@ def test_bad_arguments_name_value_range_and_fix(kwargs, error, words):
         EchoingDataLoader(Numbers(4), **args)
     for word in words:
         assert word in str(info.value)
+
+
+class SlowNumbers(Numbers):
+    """Numbers whose every read takes ``delay`` seconds, like a slow storage read."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n)
+        self.delay = delay
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("where", "num_workers"), [("before_augment", 0), ("batch", 1)])
+def test_auto_echoes_only_while_fresh_data_is_late(where, num_workers):
+    fast = EchoingDataLoader(
+        Numbers(400), batch_size=8, echo_factor="auto", where=where, num_workers=num_workers
+    )
+    for _ in fast:
+        time.sleep(0.01)  # the step is slow, upstream instant: nothing to echo
+    assert fast.stats.fresh_examples == 400
+    assert fast.stats.realized_factor < 1.3
+
+    slow = EchoingDataLoader(
+        SlowNumbers(64, delay=0.01),
+        batch_size=8,
+        echo_factor="auto",
+        max_echo_factor=3,
+        where=where,
+        num_workers=num_workers,
+        seed=0,
+    )
+    counts = collections.Counter(labels_of(slow))  # the step is instant, upstream slow
+    assert set(counts) == set(range(64))  # every fresh example delivered
+    assert max(counts.values()) <= 3  # never more than max_echo_factor
+    assert slow.stats.fresh_examples == 64
+    assert slow.stats.realized_factor > 1.5
+
+
+@pytest.mark.timeout(60)
+def test_auto_close_mid_epoch_leaves_no_thread():
+    before = set(threading.enumerate())
+    loader = EchoingDataLoader(SlowNumbers(200, 0.005), batch_size=4, echo_factor="auto")
+    it = iter(loader)
+    next(it)
+    assert len(set(threading.enumerate()) - before) == 1  # the reader thread
+    loader.close()
+    del it
+    deadline = time.monotonic() + 10
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(threading.enumerate()) - before == set()
+
+
+@pytest.mark.timeout(120)
+def test_auto_resume_continues_the_fresh_examples_exactly():
+    def make():
+        return EchoingDataLoader(
+            SlowNumbers(40, 0.002), batch_size=4, echo_factor="auto", seed=1, shuffle=True
+        )
+
+    first = make()
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    fresh_before = state["stats"]["fresh_examples"]
+    first.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    seen = set(labels_of(head)) | set(labels_of(rest))
+    assert seen == set(range(40))  # nothing lost
+    assert resumed.stats.fresh_examples == 40  # nothing read twice in the accounting
+    assert fresh_before == len(set(labels_of(head)))
+
+
+def test_auto_arguments_are_checked():
+    with pytest.raises(ValueError, match="max_echo_factor"):
+        EchoingDataLoader(Numbers(4), batch_size=2, echo_factor="auto", max_echo_factor=0.5)
+    with pytest.raises(ValueError, match="reuse_policy"):
+        EchoingDataLoader(Numbers(4), batch_size=2, echo_factor="auto", reuse_policy="newest")
+    with pytest.raises(TypeError, match="auto"):
+        EchoingDataLoader(Numbers(4), batch_size=2, echo_factor="automatic")

@@ -26,8 +26,14 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
 from dataecho.loader.options import LoaderOptions
-from dataecho.loader.pipeline import PipelineDataset, batch_length, unwrap_identity
-from dataecho.stages import Echo, EchoStats, Shuffle
+from dataecho.loader.pipeline import (
+    PipelineDataset,
+    batch_length,
+    close_chain,
+    echo_stage,
+    unwrap_identity,
+)
+from dataecho.stages import EchoStats, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE, derive_seed, resolve_seed
 
 # Worker ids are 0..num_workers-1; the main process's batch stages use a key no worker has.
@@ -38,9 +44,12 @@ _NOT_ALLOWED = ("sampler", "batch_sampler", "persistent_workers")
 class _WorkersNode(BaseNode[Any]):
     """The inner StatefulDataLoader as a node: yields batches, counts their fresh examples."""
 
-    def __init__(self, loader: StatefulDataLoader, stats: EchoStats) -> None:
+    def __init__(
+        self, loader: StatefulDataLoader, pipeline: PipelineDataset, stats: EchoStats
+    ) -> None:
         super().__init__()
         self._loader = loader
+        self._pipeline = pipeline
         self._stats = stats
         self._it: Iterator[Any] | None = None
 
@@ -64,6 +73,7 @@ class _WorkersNode(BaseNode[Any]):
         if shutdown is not None:
             shutdown()
         self._it = None
+        self._pipeline.close_iterators()
 
 
 class EchoingDataLoader:
@@ -72,7 +82,11 @@ class EchoingDataLoader:
     Args:
         dataset: map-style or iterable dataset of upstream examples (read and decoded).
         batch_size: examples per batch.
-        echo_factor: mean copies per fresh example (or batch, for ``where="batch"``); 1 = off.
+        echo_factor: mean copies per fresh example (or batch, for ``where="batch"``); 1 = off;
+            "auto" = reuse only while fresh data is late (see ``dataecho.adaptive_echo``).
+        max_echo_factor: with "auto", the most times one item may be emitted.
+        reuse_buffer: with "auto", how many recent fresh items may be reused.
+        reuse_policy: with "auto", "uniform" or "latest" choice among them.
         where: "before_augment" (each copy gets its own ``transform`` call), "after_augment"
             (identical copies) or "batch" (whole batches repeat).
         shuffle_buffer: post-echo shuffle buffer, in examples (or batches for "batch").
@@ -92,7 +106,10 @@ class EchoingDataLoader:
         dataset: Any,
         *,
         batch_size: int,
-        echo_factor: float = 1.0,
+        echo_factor: float | str = 1.0,
+        max_echo_factor: float = 4.0,
+        reuse_buffer: int | None = None,
+        reuse_policy: str | None = None,
         where: str = "before_augment",
         shuffle_buffer: int = 0,
         transform: Callable[[Any], Any] | None = None,
@@ -107,6 +124,9 @@ class EchoingDataLoader:
         self.options = LoaderOptions(
             batch_size=batch_size,
             echo_factor=echo_factor,
+            max_echo_factor=max_echo_factor,
+            reuse_buffer=reuse_buffer,
+            reuse_policy=reuse_policy,
             where=where,
             shuffle_buffer=shuffle_buffer,
             transform=transform,
@@ -170,19 +190,14 @@ class EchoingDataLoader:
         return self._iterator
 
     def _build_root(self) -> BaseNode[Any]:
-        workers = _WorkersNode(self._inner, self.stats)
+        workers = _WorkersNode(self._inner, self._pipeline, self.stats)
         opts = self.options
         if opts.where != "batch":
             return workers
         node: BaseNode[Any] = workers
         key = (self._epoch, _MAIN_PROCESS)
-        if opts.echo_factor > 1:
-            node = Echo(
-                node,
-                opts.echo_factor,
-                seed=derive_seed(self.seed, *key, STAGE_ECHO),
-                copy=opts.copy,
-            )
+        if opts.echoes:
+            node = echo_stage(node, opts, derive_seed(self.seed, *key, STAGE_ECHO))
         if opts.shuffle_buffer > 1:
             node = Shuffle(
                 node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE)
@@ -264,9 +279,4 @@ class _EpochIterator:
         return batch
 
     def close(self) -> None:
-        node: Any = self.root
-        while node is not None:  # walk down to the workers node
-            if isinstance(node, _WorkersNode):
-                node.close()
-                return
-            node = getattr(node, "source", None)
+        close_chain(self.root)

@@ -9,6 +9,7 @@ from typing import Any
 from dataecho import _validate
 
 WHERE_CHOICES = ("before_augment", "after_augment", "batch")
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,13 @@ class LoaderOptions:
 
     Attributes:
         batch_size: examples per batch (>= 1).
-        echo_factor: mean copies per fresh item (>= 1; a fraction is drawn per item).
+        echo_factor: mean copies per fresh item (>= 1; a fraction is drawn per item), or
+            "auto": reuse only while fresh data is late (``dataecho.adaptive_echo``).
+        max_echo_factor: with "auto", the most times one item may be emitted.
+        reuse_buffer: with "auto", how many recent fresh items may be reused (default: one
+            batch's worth of examples, or 1 batch for batch echoing).
+        reuse_policy: with "auto", "uniform" or "latest" (default: "uniform" for examples,
+            "latest" for batches).
         where: insertion point: "before_augment", "after_augment" or "batch".
         shuffle_buffer: post-echo shuffle buffer in items (examples, or batches for "batch");
             0 or 1 means none.
@@ -28,13 +35,26 @@ class LoaderOptions:
     """
 
     batch_size: int
-    echo_factor: float = 1.0
+    echo_factor: float | str = 1.0
+    max_echo_factor: float = 4.0
+    reuse_buffer: int | None = None
+    reuse_policy: str | None = None
     where: str = "before_augment"
     shuffle_buffer: int = 0
     transform: Callable[[Any], Any] | None = None
     shuffle: bool = False
     drop_last: bool = False
     copy: bool = True
+
+    @property
+    def adaptive(self) -> bool:
+        """True for ``echo_factor="auto"``."""
+        return self.echo_factor == AUTO
+
+    @property
+    def echoes(self) -> bool:
+        """True when an echo stage is needed at all."""
+        return self.adaptive or self.echo_factor > 1
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -47,8 +67,30 @@ class LoaderOptions:
                 hint="pass the number of examples per batch, e.g. 128",
             ),
         )
-        set_(self, "echo_factor", _validate.echo_factor(self.echo_factor, name="echo_factor"))
+        if self.echo_factor != AUTO:
+            factor = _validate.echo_factor(self.echo_factor, name="echo_factor", auto_ok=True)
+            set_(self, "echo_factor", factor)
+        set_(
+            self,
+            "max_echo_factor",
+            _validate.echo_factor(self.max_echo_factor, name="max_echo_factor"),
+        )
         _validate.one_of(self.where, WHERE_CHOICES, name="where")
+        batches = self.where == "batch"
+        if self.reuse_buffer is None:
+            set_(self, "reuse_buffer", 1 if batches else self.batch_size)
+        set_(
+            self,
+            "reuse_buffer",
+            _validate.positive_int(
+                self.reuse_buffer,
+                name="reuse_buffer",
+                hint="the number of recent fresh items auto may reuse",
+            ),
+        )
+        if self.reuse_policy is None:
+            set_(self, "reuse_policy", "latest" if batches else "uniform")
+        _validate.one_of(self.reuse_policy, ("uniform", "latest"), name="reuse_policy")
         set_(
             self,
             "shuffle_buffer",

@@ -7,6 +7,7 @@ read the example, so an echoed copy never costs a second upstream read. Each pip
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import Counted, IndexedReader
 from dataecho.loader.rng_scope import RngScope
 from dataecho.stages import Echo, Shuffle
+from dataecho.stages.adaptive import AdaptiveEcho
 from dataecho.stages.seeds import (
     STAGE_ECHO,
     STAGE_ORDER,
@@ -38,9 +40,24 @@ class PipelineDataset(IterableDataset):
         self.collate_fn = collate_fn
         self.epoch = 0
         self.seed = 0
+        self._live: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
     def __iter__(self) -> PipelineIterator:
-        return PipelineIterator(self)
+        it = PipelineIterator(self)
+        self._live.add(it)
+        return it
+
+    def close_iterators(self) -> None:
+        """Stop the background parts of this process's pipelines (``num_workers=0``)."""
+        for it in list(self._live):
+            close_chain(it.root)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to worker processes, which start with no live iterators of their own.
+        return {**self.__dict__, "_live": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _live=weakref.WeakSet())
 
 
 class PipelineIterator:
@@ -64,15 +81,15 @@ class PipelineIterator:
             )
         else:
             source = IterableWrapper(owner.dataset)
-        self._counter = Counted(source)
-        node: BaseNode[Any] = self._counter
+        node: BaseNode[Any] = Counted(source)
+        self._fresh = node  # whatever counts fresh examples; the echo stage once there is one
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
             return Mapper(n, opts.transform) if opts.transform is not None else n
 
         def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
-            if opts.echo_factor > 1:
-                n = Echo(n, opts.echo_factor, seed=seed(STAGE_ECHO), copy=opts.copy)
+            if opts.echoes:
+                n = self._fresh = echo_stage(n, opts, seed(STAGE_ECHO))
             if opts.shuffle_buffer > 1:
                 n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
             return n
@@ -83,7 +100,7 @@ class PipelineIterator:
             node = echo_and_shuffle(transform(node))
         else:  # "batch": whole batches are echoed in the main process
             node = transform(node)
-        self._root: BaseNode[Any] = Mapper(
+        self.root: BaseNode[Any] = Mapper(
             Batcher(node, opts.batch_size, drop_last=opts.drop_last), owner.collate_fn
         )
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
@@ -94,22 +111,51 @@ class PipelineIterator:
 
     def __next__(self) -> tuple[Any, int]:
         with self._rng:
-            batch = next(self._root)
-        fresh = self._counter.count - self._reported
-        self._reported = self._counter.count
+            batch = next(self.root)
+        count = self._fresh_count()
+        fresh, self._reported = count - self._reported, count
         return batch, fresh
+
+    def _fresh_count(self) -> int:
+        node = self._fresh
+        return node.count if isinstance(node, Counted) else node.stats.fresh_examples
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "root": self._root.state_dict(),
+            "root": self.root.state_dict(),
             "rng": self._rng.state_dict(),
             "reported": self._reported,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._root.reset(state["root"])
+        self.root.reset(state["root"])
         self._rng.load_state_dict(state["rng"])
         self._reported = int(state["reported"])
+
+
+def echo_stage(source: BaseNode[Any], opts: LoaderOptions, seed: int) -> BaseNode[Any]:
+    """The echo stage the options ask for: fixed factor, or adaptive for "auto"."""
+    if opts.adaptive:
+        return AdaptiveEcho(
+            source,
+            max_factor=opts.max_echo_factor,
+            buffer_size=opts.reuse_buffer,
+            policy=opts.reuse_policy,
+            seed=seed,
+            copy=opts.copy,
+        )
+    return Echo(source, opts.echo_factor, seed=seed, copy=opts.copy)
+
+
+def close_chain(node: Any) -> None:
+    """Stop every background part of a chain of nodes, from the consumer's end down."""
+    while node is not None:
+        if isinstance(node, AdaptiveEcho):
+            # Bounded: its reader may sit in a source call that only the next close unblocks.
+            node.close(timeout=5.0)
+        elif hasattr(node, "close"):
+            node.close()
+        node = getattr(node, "source", None)
 
 
 def unwrap_identity(item: Any) -> Any:

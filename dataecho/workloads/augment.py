@@ -5,7 +5,11 @@ RNGs per worker and seeds them from the loader's seed, so a seeded loader augmen
 every run and a resumed one continues the same stream. (An RNG owned by the transform would be
 hidden state the loader cannot checkpoint.)
 
-Cost: a handful of small tensor ops, about 10-20 us per 28x28 example on one core.
+How: every (flip, dy, dx) combination is one fixed permutation of the pixels, with pixels
+from outside the image reading a padding slot. The permutations are precomputed once per image
+shape, so an example costs one random draw and two numpy gathers (normalise through a
+256-entry table, then permute): ~10 us for 28x28 on one core, against ~25 us for the same work
+as slicing and copying. It runs once per *emitted* example when echoing before augmentation.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ class Augment:
         self.pad = _validate.non_negative_int(pad, name="pad", hint="use 0 for no shift")
         self.flip = bool(flip)
         self.mean, self.std = float(mean), float(std)
+        # uint8 pixel value -> normalised float, so normalising is one gather.
         self._lut = ((np.arange(256) / 255.0 - self.mean) / self.std).astype(np.float32)
+        self._tables: dict[tuple[int, ...], np.ndarray] = {}  # image shape -> permutations
 
     def __call__(self, example: Any) -> Any:
         if isinstance(example, (tuple, list)):
@@ -69,34 +75,43 @@ class Augment:
                 f"Augment expects one image of shape (C, H, W), got shape {tuple(image.shape)}; "
                 f"augment examples one at a time (batches are not supported)"
             )
-        if self.pad >= min(image.shape[1:]):
-            raise ValueError(
-                f"pad={self.pad} shifts the whole {tuple(image.shape[1:])} image out of view; "
-                f"use a pad below {min(image.shape[1:])} (2-4 is usual for 28x28)"
-            )
-        # One RNG call for all draws, then numpy: per-op overhead is ~1 us in numpy against
-        # ~4 us in torch, and this runs once per emitted example (echoed copies included).
-        side = 2 * self.pad + 1
-        draw = int(torch.randint(0, 2 * side * side, ()).item())
-        flip, dy, dx = (
-            draw // (side * side),
-            (draw // side) % side - self.pad,
-            draw % side - self.pad,
-        )
-        src = image.numpy()
+        shape = tuple(image.shape)
+        table = self._tables.get(shape)
+        if table is None:
+            if self.pad >= min(shape[1:]):
+                raise ValueError(
+                    f"pad={self.pad} shifts the whole {shape[1:]} image out of view; "
+                    f"use a pad below {min(shape[1:])} (2-4 is usual for 28x28)"
+                )
+            table = self._tables[shape] = _permutations(shape, self.pad, self.flip)
+        draw = int(torch.randint(0, len(table), ()).item())
+        flat = image.numpy().reshape(-1)
         if image.dtype == torch.uint8:
-            src = self._lut[src]  # normalised through a 256-entry table: one gather
+            values = self._lut[flat]
         else:
-            src = (src.astype(np.float32) - self.mean) / self.std
-        if self.flip and flip:
-            src = src[..., ::-1]
-        if dy == 0 and dx == 0:
-            return torch.from_numpy(np.ascontiguousarray(src))
-        # Pad-then-crop at offset (pad+dy, pad+dx): output pixel (i, j) is input (i+dy, j+dx);
-        # pixels from outside the image are padding, a zero pixel normalised.
-        _, h, w = src.shape
-        out = np.full(src.shape, -self.mean / self.std, dtype=np.float32)
-        out[:, max(-dy, 0) : h - max(dy, 0), max(-dx, 0) : w - max(dx, 0)] = src[
-            :, max(dy, 0) : h - max(-dy, 0), max(dx, 0) : w - max(-dx, 0)
-        ]
-        return torch.from_numpy(out)
+            values = (flat.astype(np.float32) - self.mean) / self.std
+        # The last slot is the padding: a zero pixel, normalised.
+        values = np.append(values, np.float32(-self.mean / self.std))
+        return torch.from_numpy(values[table[draw]].reshape(shape))
+
+
+def _permutations(shape: tuple[int, ...], pad: int, flip: bool) -> np.ndarray:
+    """Row k: for each output pixel, the flat input index it reads under draw k (or the pad slot).
+
+    Draw k covers (flipped?, dy, dx); output pixel (c, i, j) reads input (c, i + dy, j + dx)
+    of the (flipped) image, which is what cropping a ``pad``-padded image at (pad+dy, pad+dx)
+    gives.
+    """
+    c, h, w = shape
+    n = c * h * w
+    ci, ii, jj = np.meshgrid(np.arange(c), np.arange(h), np.arange(w), indexing="ij")
+    rows = []
+    for flipped in (False, True) if flip else (False,):
+        for dy in range(-pad, pad + 1):
+            for dx in range(-pad, pad + 1):
+                si, sj = ii + dy, jj + dx
+                inside = (si >= 0) & (si < h) & (sj >= 0) & (sj < w)
+                if flipped:
+                    sj = w - 1 - sj
+                rows.append(np.where(inside, (ci * h + si) * w + sj, n).reshape(-1))
+    return np.stack(rows).astype(np.intp)
