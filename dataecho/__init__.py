@@ -18,11 +18,18 @@ from dataecho import schedules
 from dataecho.loader import EchoingDataLoader, LoaderOptions
 from dataecho.profiling import ProfileReport, format_report, profile, time_model
 from dataecho.progress import TrainingProgress
-from dataecho.stages import EchoStats, copy_item, echo, shuffle
-from dataecho.stages.adaptive import AdaptiveEcho, adaptive_echo
-from dataecho.stages.echo import Echo
-from dataecho.stages.shuffle import Shuffle
-from dataecho.stages.stochastic import StochasticEcho, stochastic_echo
+from dataecho.stages import (
+    AdaptiveEcho,
+    Echo,
+    EchoStats,
+    Shuffle,
+    StochasticEcho,
+    adaptive_echo,
+    copy_item,
+    echo,
+    shuffle,
+    stochastic_echo,
+)
 
 __version__ = "0.1.0"
 
