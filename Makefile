@@ -7,7 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := dataset-fashion-mnist
+# nginx serves the demo's shards; webdataset streams http:// URLs through curl.
+SYSTEM_PACKAGES := dataset-fashion-mnist nginx-light curl
 
 .PHONY: demo test lint format system-packages bench clean
 
@@ -20,8 +21,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-system-packages:
+system-packages: $(STAMP)
 	@scripts/ensure-system-packages.sh $(SYSTEM_PACKAGES)
+	@scripts/fetch-janeaustenr.sh $(BIN)/python >/dev/null
 
 demo: $(STAMP) system-packages
 	$(BIN)/dataecho demo
@@ -36,6 +38,9 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format dataecho tests benchmarks
 	$(BIN)/ruff check --fix dataecho tests benchmarks
+
+bench: $(STAMP) system-packages
+	$(BIN)/python -m benchmarks all
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

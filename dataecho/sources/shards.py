@@ -1,0 +1,314 @@
+"""WebDataset tar shards: write them once (with a manifest), stream them back with ``webdataset``.
+
+An image sample is ``{"__key__": "00000042", "png": <lossless PNG>, "cls": b"7"}``; a token
+sample holds one ``.npy`` array. ``manifest.json`` lists every shard with its example count,
+size and sha256, plus a fingerprint of the source data, so a second write of the same data is
+skipped. Tar adds a 512-byte header per member and pads each to 512 bytes: a 28x28 image
+sample (a ~0.6 KB PNG and a label) takes about 2.3 KB on disk and on the wire.
+
+Reading: :class:`ShardDataset` streams shards from a local folder, an ``http://`` server
+(:class:`dataecho.sources.nginx.NginxServer`) or emulated storage
+(:class:`dataecho.sources.emulated.EmulatedStorage`) through ``webdataset.WebDataset``, which
+hands each rank (``split_by_node``) and then each DataLoader worker (``split_by_worker``) a
+disjoint subset of the shards, so every example is read once per epoch across all workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import urllib.request
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import IterableDataset
+
+from dataecho import _validate
+from dataecho.sources import emulated  # registers the emulated: URL scheme with webdataset
+
+FORMAT = "dataecho-webdataset-shards"
+VERSION = 1
+MANIFEST = "manifest.json"
+SAMPLES = {
+    "image": {"png": "28x28 grayscale uint8 image, PNG (lossless)", "cls": "label, ASCII int"},
+    "tokens": {"npy": "1-D integer token array, numpy .npy"},
+}
+TOKEN_DTYPES = ("uint8", "int16", "uint16", "int32", "int64")
+_LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def write_image_shards(
+    images: np.ndarray,
+    labels: Iterable[int],
+    out_dir: str | Path,
+    *,
+    examples_per_shard: int = 1000,
+    prefix: str = "images",
+) -> dict[str, Any]:
+    """Write uint8 ``images`` (N, 28, 28) and their labels as shards; return the manifest."""
+    images = np.asarray(images)
+    labels = np.asarray(labels, dtype=np.int64)
+    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise ValueError(
+            f"images must be uint8 of shape (N, 28, 28), got {images.dtype} {images.shape}; "
+            "pass the arrays from dataecho.sources.fashion_mnist.load_split"
+        )
+    if labels.shape != (len(images),):
+        raise ValueError(f"need one label per image: {len(images)} images, labels {labels.shape}")
+    samples = (
+        {"__key__": f"{i:08d}", "png": _png(img), "cls": int(lab)}
+        for i, (img, lab) in enumerate(zip(images, labels, strict=True))
+    )
+    digest = [images.tobytes(), labels.tobytes()]
+    return _write("image", samples, len(images), digest, out_dir, examples_per_shard, prefix)
+
+
+def write_text_shards(
+    token_chunks: Iterable[np.ndarray],
+    out_dir: str | Path,
+    *,
+    examples_per_shard: int = 1000,
+    prefix: str = "tokens",
+) -> dict[str, Any]:
+    """Write 1-D integer token arrays (one per sample, dtype kept) as shards; return manifest."""
+    chunks = [np.asarray(c) for c in token_chunks]
+    for i, c in enumerate(chunks):
+        if c.ndim != 1 or c.dtype.name not in TOKEN_DTYPES:
+            raise ValueError(
+                f"token chunk {i} must be a 1-D array of dtype {'/'.join(TOKEN_DTYPES)}, "
+                f"got {c.dtype} {c.shape}"
+            )
+    samples = ({"__key__": f"{i:08d}", "npy": _npy(c)} for i, c in enumerate(chunks))
+    digest = [f"{c.dtype.name}:{len(c)}".encode() + c.tobytes() for c in chunks]
+    return _write("tokens", samples, len(chunks), digest, out_dir, examples_per_shard, prefix)
+
+
+def load_manifest(base: str | Path) -> dict[str, Any]:
+    """The manifest under ``base``: a folder, an ``http(s)://`` URL or an ``emulated:`` URL."""
+    base = str(base)
+    if base.startswith(("http://", "https://")):
+        with _no_proxy.open(base.rstrip("/") + "/" + MANIFEST, timeout=30) as r:
+            manifest = json.load(r)
+    else:
+        if base.startswith(emulated.SCHEME + ":"):  # metadata is read without emulated delays
+            base = unquote(urlsplit(base).path)
+        path = Path(base) / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"no {MANIFEST} in {base}; write the shards first")
+        manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(
+            f"{base}: not a {FORMAT} v{VERSION} manifest (format {manifest.get('format')!r}, "
+            f"version {manifest.get('version')!r}); rewrite the shards with this version"
+        )
+    return manifest
+
+
+def shard_urls(base: str | Path, manifest: dict[str, Any]) -> list[str]:
+    """One URL (or path) per shard: ``base`` + shard name, any ``?query`` kept at the end."""
+    names = [s["name"] for s in manifest["shards"]]
+    base = str(base)
+    if ":" not in base.split("/", 1)[0]:  # a plain path
+        return [str(Path(base) / n) for n in names]
+    parts = urlsplit(base)
+    return [parts._replace(path=parts.path.rstrip("/") + "/" + quote(n)).geturl() for n in names]
+
+
+class ShardDataset(IterableDataset):
+    """Stream examples from shards; image shards give ``(uint8 tensor 1x28x28, int label)``.
+
+    Token shards give an int64 tensor per sample. Decoding runs where the dataset is iterated:
+    in the DataLoader worker. With workers, each one reads its own shards (``split_by_worker``);
+    across ranks, ``split_by_node``. More workers x ranks than shards leaves some idle.
+
+    Args:
+        base: folder, ``http://host:port`` (e.g. ``NginxServer.url``) or ``EmulatedStorage.url``.
+        manifest: the manifest (default: :func:`load_manifest` of ``base``).
+        shuffle_shards: read shards in a seeded order that changes with :meth:`set_epoch`.
+        seed: the shard-order seed.
+    """
+
+    def __init__(
+        self,
+        base: str | Path,
+        manifest: dict[str, Any] | None = None,
+        *,
+        shuffle_shards: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.manifest = load_manifest(base) if manifest is None else manifest
+        self.kind = _validate.one_of(self.manifest["kind"], tuple(SAMPLES), name="manifest kind")
+        self.urls = shard_urls(base, self.manifest)
+        self.shuffle_shards = bool(shuffle_shards)
+        self.seed = _validate.non_negative_int(seed, name="seed")
+        self.epoch = 0
+
+    @property
+    def num_examples(self) -> int:
+        """Examples in all shards (all ranks and workers together)."""
+        return int(self.manifest["total"])
+
+    @property
+    def bytes_per_example(self) -> float:
+        """Mean stored (and transferred) bytes per example, tar overhead included."""
+        return sum(s["bytes"] for s in self.manifest["shards"]) / max(1, self.num_examples)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pick the epoch's shard order (with ``shuffle_shards``); call before iterating."""
+        self.epoch = _validate.non_negative_int(epoch, name="epoch")
+
+    def shard_order(self) -> list[str]:
+        """This epoch's shard URLs, before the split: identical in every worker and rank."""
+        if not self.shuffle_shards:
+            return list(self.urls)
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.urls))
+        return [self.urls[i] for i in order]
+
+    def __iter__(self) -> Iterator[Any]:
+        _, world, _, workers = wds.utils.pytorch_worker_info()
+        if len(self.urls) < world * workers:
+            warnings.warn(
+                f"{len(self.urls)} shards for {world} rank(s) x {workers} worker(s): some "
+                "readers get none; write smaller shards (examples_per_shard) for more of them",
+                stacklevel=2,
+            )
+        stream = wds.WebDataset(
+            self.shard_order(),
+            shardshuffle=False,  # the order is chosen above, the same in every worker
+            nodesplitter=wds.split_by_node,
+            workersplitter=wds.split_by_worker,
+            empty_check=False,  # an idle worker is allowed (warned above)
+            seed=0,  # unused without shuffles; None would draw from Python's global `random`
+        )
+        _no_proxy_for_loopback(self.urls)
+        decode = _decode_image if self.kind == "image" else _decode_tokens
+        return map(decode, stream)
+
+
+def _no_proxy_for_loopback(urls: list[str]) -> None:
+    """webdataset fetches http:// with curl, which sends even 127.0.0.1 to an ``http_proxy``
+    from the environment; a loopback server is never behind one, so exempt it."""
+    if not any(urlsplit(u).hostname in _LOOPBACK for u in urls[:1]):
+        return
+    for var in ("no_proxy", "NO_PROXY"):
+        hosts = [h for h in os.environ.get(var, "").split(",") if h]
+        os.environ[var] = ",".join(hosts + [h for h in _LOOPBACK if h not in hosts])
+
+
+def _decode_image(sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
+    with Image.open(io.BytesIO(sample["png"])) as img:
+        array = np.array(img, dtype=np.uint8)  # a writable copy, (28, 28)
+    return torch.from_numpy(array).unsqueeze(0), int(sample["cls"])
+
+
+def _decode_tokens(sample: dict[str, Any]) -> torch.Tensor:
+    array = np.load(io.BytesIO(sample["npy"]), allow_pickle=False)
+    return torch.from_numpy(array.astype(np.int64))
+
+
+def _png(image: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")  # uint8 2-D: mode "L", lossless
+    return buf.getvalue()
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _up_to_date(out: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The existing manifest if it describes this data and every shard is intact, else None."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("fingerprint") != fingerprint or manifest.get("version") != VERSION:
+        return None
+    for s in manifest["shards"]:
+        path = out / s["name"]
+        if not path.is_file() or path.stat().st_size != s["bytes"] or _sha256(path) != s["sha256"]:
+            return None
+    return manifest
+
+
+def _write(
+    kind: str,
+    samples: Iterable[dict[str, Any]],
+    total: int,
+    digest: list[bytes],
+    out_dir: str | Path,
+    examples_per_shard: int,
+    prefix: str,
+) -> dict[str, Any]:
+    """Write ``samples`` unless the manifest in ``out_dir`` already describes this data."""
+    per_shard = _validate.positive_int(examples_per_shard, name="examples_per_shard")
+    if total < 1:
+        raise ValueError(f"nothing to write: got {total} examples; pass at least one")
+    if not prefix or "/" in prefix or "%" in prefix:
+        raise ValueError(f"prefix must be a plain file-name stem like 'images', got {prefix!r}")
+    h = hashlib.sha256(json.dumps([FORMAT, VERSION, kind, total, per_shard, prefix]).encode())
+    for part in digest:
+        h.update(part)
+    fingerprint = h.hexdigest()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if (manifest := _up_to_date(out, fingerprint)) is not None:
+        return manifest
+    stale = _listed_shards(out)
+    (out / MANIFEST).unlink(missing_ok=True)  # no valid manifest while shards are half-written
+
+    def opener(name: str):  # a new file, so a reader still streaming the old one is unharmed
+        Path(name).unlink(missing_ok=True)
+        return open(name, "wb")  # noqa: SIM115 (the TarWriter closes it)
+
+    pattern = str(out / f"{prefix}-%06d.tar")
+    # mtime=0: the same data gives the same bytes, so hashes are stable across rewrites.
+    with wds.ShardWriter(pattern, maxcount=per_shard, verbose=0, opener=opener, mtime=0) as w:
+        for sample in samples:
+            w.write(sample)
+    n_shards = -(-total // per_shard)
+    shards = []
+    for i in range(n_shards):
+        path = Path(pattern % i)
+        count = min(per_shard, total - i * per_shard)
+        size = path.stat().st_size
+        shards.append({"name": path.name, "count": count, "bytes": size, "sha256": _sha256(path)})
+    manifest = {"format": FORMAT, "version": VERSION, "kind": kind, "sample": SAMPLES[kind],
+                "fingerprint": fingerprint, "examples_per_shard": per_shard, "total": total,
+                "shards": shards}  # fmt: skip
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / MANIFEST)  # atomic: a reader sees the old manifest or the new one
+    for name in stale - {s["name"] for s in shards}:  # left over from a larger earlier write
+        (out / name).unlink(missing_ok=True)
+    return manifest
+
+
+def _listed_shards(out: Path) -> set[str]:
+    try:
+        return {s["name"] for s in json.loads((out / MANIFEST).read_text())["shards"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+# Loopback reads must not go to an http_proxy from the environment.
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -1,0 +1,240 @@
+"""The real nginx on loopback: serving, rate cap, streaming shards, never a leftover process.
+
+Runs only where nginx is installed (``apt-get install nginx-light``); streaming over HTTP also
+needs ``curl``, which webdataset runs for every ``http://`` shard.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from dataecho.loader import EchoingDataLoader
+from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
+from dataecho.sources.nginx import (
+    INSTALL_HINT,
+    NginxNotFoundError,
+    NginxServer,
+    _direct,
+    find_nginx,
+    group_pids,
+)
+from dataecho.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
+
+try:
+    find_nginx()
+    HAVE_NGINX = True
+except NginxNotFoundError:
+    HAVE_NGINX = False
+needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx not installed ({INSTALL_HINT})")
+needs_curl = pytest.mark.skipif(
+    shutil.which("curl") is None, reason="webdataset reads http:// with curl (apt-get install curl)"
+)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pgid: int, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := group_pids(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """400 real Fashion-MNIST examples in 8 shards of 50."""
+    if not (DEFAULT_DATA_DIR / FILES["test"][0]).is_file():
+        pytest.skip(f"Fashion-MNIST not installed ({INSTALL_COMMAND})")
+    images, labels = load_split(split="test")
+    out = tmp_path_factory.mktemp("shards")
+    write_image_shards(images[:400], labels[:400], out, examples_per_shard=50)
+    return out, images[:400], labels[:400]
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_serves_files_and_stops_without_a_trace(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"hello")
+    with NginxServer(tmp_path) as server:
+        pid, prefix = server.pid, server.prefix
+        assert server.url.startswith("http://127.0.0.1:")
+        assert _direct.open(server.url + "/a.bin").read() == b"hello"
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            _direct.open(server.url + "/missing.bin")
+        assert alive(pid) and len(group_pids(pid)) == 2  # master + one worker
+    assert not alive(pid) and group_pids(pid) == [] and not prefix.exists()
+    with pytest.raises(RuntimeError, match="not running"):
+        server.url  # noqa: B018
+    assert server.describe().endswith("(not running) serving " + f"{tmp_path} (no cap)")
+    with NginxServer(tmp_path, rate_limit_bytes_per_s=2_500_000) as again:
+        assert again.pid != pid and "2.5 MB/s per connection" in again.describe()
+        assert _direct.open(again.url + "/a.bin").read() == b"hello"
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_rate_cap_holds_within_10_percent(tmp_path):
+    size, cap = 3_000_000, 1_500_000  # a 2 s download
+    (tmp_path / "big.bin").write_bytes(os.urandom(size))
+    with NginxServer(tmp_path, total_rate_bytes_per_s=3_000_000, connections=2) as server:
+        assert server.rate_limit == cap  # the total shared by two connections
+        start = time.perf_counter()
+        got = len(_direct.open(server.url + "/big.bin").read())
+        rate = got / (time.perf_counter() - start)
+    assert got == size
+    assert 0.9 * cap <= rate <= 1.1 * cap, f"served {rate / 1e6:.3f} MB/s, cap 1.5 MB/s"
+
+
+@needs_nginx
+@needs_curl
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("echo_factor", [1, 2])
+def test_streams_shards_over_http_into_the_loader(shards, echo_factor):
+    folder, images, labels = shards
+    want = collections.Counter((im.tobytes(), int(y)) for im, y in zip(images, labels, strict=True))
+    cap = 500_000  # per connection; each of the 2 workers reads half the bytes
+    with NginxServer(folder, rate_limit_bytes_per_s=cap) as server:
+        dataset = ShardDataset(server.url)  # the manifest comes over HTTP too
+        assert dataset.manifest == load_manifest(folder)
+        loader = EchoingDataLoader(
+            dataset, batch_size=32, num_workers=2, echo_factor=echo_factor, seed=1
+        )
+        got = collections.Counter()
+        start = time.perf_counter()
+        for x, y in loader:
+            got.update((im[0].numpy().tobytes(), int(lab)) for im, lab in zip(x, y, strict=True))
+        elapsed = time.perf_counter() - start
+        pid, expected_requests = server.pid, len(dataset.manifest["shards"]) + 1
+        deadline = time.monotonic() + 5  # nginx logs a request just after its last byte
+        while (traffic := server.traffic())["requests"] < expected_requests:
+            assert time.monotonic() < deadline, traffic
+            time.sleep(0.05)
+    manifest = dataset.manifest
+    # Every shard crossed the wire exactly once, whatever the echo factor; plus the manifest.
+    assert traffic == {
+        "requests": expected_requests,
+        "bytes": sum(s["bytes"] for s in manifest["shards"]) + (folder / MANIFEST).stat().st_size,
+    }
+    assert got == collections.Counter({k: echo_factor for k in want})
+    assert loader.stats.fresh_examples == 400
+    assert elapsed >= 0.9 * (dataset.bytes_per_example * 400 / 2) / cap  # the cap held
+    assert group_pids(pid) == []
+
+
+@needs_nginx
+@needs_curl
+@pytest.mark.timeout(30)
+def test_an_http_proxy_in_the_environment_does_not_catch_loopback(shards, monkeypatch):
+    folder, images, labels = shards
+    for var in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")  # nothing listens there
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    with NginxServer(folder) as server:
+        assert [y for _, y in ShardDataset(server.url)] == labels.tolist()
+
+
+def run_child(body: str, tmp: Path) -> subprocess.Popen:
+    """A Python process running ``body``; its temp files (a SIGKILL leaves some) go to ``tmp``."""
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from dataecho.sources.nginx import NginxServer
+        """
+    ) + textwrap.dedent(body)
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@needs_nginx
+@pytest.mark.timeout(90)
+def test_no_nginx_outlives_its_python_process(tmp_path):
+    # Three Python processes, started together (their imports are the slow part):
+    # SIGINT -> KeyboardInterrupt runs __exit__; SIGKILL -> no Python cleanup at all, the
+    # kernel's parent-death signal stops nginx; a server never stopped -> atexit stops it.
+    serve = f"""
+        with NginxServer({str(tmp_path)!r}) as server:
+            print(server.pid, flush=True)
+            time.sleep(60)
+        """
+    children = {
+        "SIGINT": run_child(serve, tmp_path),
+        "SIGKILL": run_child(serve, tmp_path),
+        "atexit": run_child(f"print(NginxServer({str(tmp_path)!r}).start().pid)", tmp_path),
+    }
+    try:
+        pids = {}
+        for name, child in children.items():
+            line = child.stdout.readline()
+            assert line.strip().isdigit(), f"{name} child: {line!r} {child.stderr.read()}"
+            pids[name] = int(line)
+        for name in ("SIGINT", "SIGKILL"):
+            assert alive(pids[name])
+            children[name].send_signal(getattr(signal, name))
+        for child in children.values():
+            child.wait(timeout=30)
+    finally:
+        for child in children.values():
+            child.kill()
+            child.communicate()
+    assert children["atexit"].returncode == 0
+    for name, pid in pids.items():
+        assert wait_gone(pid) == [], f"nginx left running after {name}"
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_a_taken_port_fails_with_nginx_log_and_leaves_nothing(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = NginxServer(tmp_path, port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match="(?s)nginx failed to start.*Address already in use"):
+            server.start()
+    assert server.pid is None and server.prefix is None
+
+
+def test_missing_nginx_names_the_install_command(tmp_path):
+    server = NginxServer(tmp_path, binary=tmp_path / "no-such-nginx")
+    with pytest.raises(NginxNotFoundError, match="apt-get install nginx-light"):
+        server.start()
+    with pytest.raises(NginxNotFoundError, match="EmulatedStorage"):
+        find_nginx("/nonexistent/nginx")
+
+
+def test_bad_settings_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="at most one of rate_limit_bytes_per_s"):
+        NginxServer(tmp_path, rate_limit_bytes_per_s=1, total_rate_bytes_per_s=2)
+    with pytest.raises(ValueError, match="rate_limit_bytes_per_s must be >= 1, got 0"):
+        NginxServer(tmp_path, rate_limit_bytes_per_s=0)
+    with pytest.raises(ValueError, match="connections must be >= 1"):
+        NginxServer(tmp_path, total_rate_bytes_per_s=10, connections=0)
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        NginxServer(tmp_path / "missing")
+    assert NginxServer(tmp_path, total_rate_bytes_per_s=10, connections=3).rate_limit == 3
+    assert NginxServer(tmp_path).rate_limit is None  # no cap
