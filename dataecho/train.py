@@ -13,10 +13,15 @@ emulating slow storage) -> ``EchoingDataLoader`` worker (read, echo, shuffle, au
 -> this loop (one SGD step per batch). The paper's measure of cost is *fresh examples*: those
 read from upstream; echoed copies are extra steps, not extra data.
 
-Threads: the 2-core target machine runs the step on 1 torch thread in the main process and the
-upstream in 1 loader worker on the other core. (Measured alternatives: 2 training threads
-oversubscribe the cores and slow both sides; reading in the main process, ``num_workers=0``,
-serialises reads and steps, so there is nothing left for echoing to overlap.)
+Threads: on the 2-core target machine the step runs on 1 torch thread in the main process and
+the upstream in 1 loader worker on the other core. Measured with ``dataecho demo --read-delay
+0.0006 --target off --budget 18000`` (2 cores shared with other jobs, so rough), wall seconds
+of the e=1 / e=4 runs:
+
+    1 thread,  1 worker    12.7 / 19.9   <- chosen
+    2 threads, 1 worker    12.5 / 54.0   (step and worker fight for the cores)
+    1 thread,  0 workers   14.1 / 28.7   (reads and augmentation stall the step)
+    2 threads, 0 workers   18.3 / 26.0
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dataecho import _validate
 from dataecho.loader import EchoingDataLoader
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FashionMNIST, check_files
 from dataecho.sources.throttled import Throttled
@@ -45,7 +51,7 @@ class TrainConfig:
     data_dir: Path = DEFAULT_DATA_DIR
     train_examples: int | None = None  # use only the first N training examples (None: 60,000)
     budget: int = 180_000  # stop after this many fresh examples (3 epochs of 60k)
-    target_accuracy: float | None = None  # ... or as soon as the eval subset reaches this
+    target_accuracy: float | None = None  # ... or once a periodic evaluation reaches this
     echo_factor: float = 1.0
     where: str = "before_augment"
     shuffle_buffer: int = 0  # post-echo shuffle buffer, in examples
@@ -56,13 +62,29 @@ class TrainConfig:
     num_workers: int = 1
     threads: int = 1  # torch threads for the step
     eval_every: int = 6_000  # fresh examples between evaluations (and log lines)
-    eval_examples: int = 2_000  # test subset for those evaluations; the final one uses all
+    eval_examples: int = 10_000  # first N test examples for those; the final one uses all
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # The loader and Throttled check their own arguments; these are the loop's.
+        for name in ("budget", "eval_every", "eval_examples", "threads"):
+            _validate.positive_int(getattr(self, name), name=name)
+        target = self.target_accuracy
+        if target is not None and not 0 < target <= 1:
+            raise ValueError(
+                f"target_accuracy must be in (0, 1] or None (no target), got {target!r}"
+            )
 
 
 @dataclass
 class TrainResult:
-    """What one run cost and reached. Times are wall-clock seconds of the training loop."""
+    """What one run cost and reached.
+
+    ``wall_seconds`` is the training loop's wall-clock time *without* the periodic evaluations
+    (a measurement, not training; ``eval_seconds`` holds them). The loader's worker keeps
+    prefetching during an evaluation, at most ``prefetch_factor`` batches: a small head start
+    that favours runs with more evaluations, i.e. the run without echoing.
+    """
 
     config: TrainConfig
     test_accuracy: float  # on the whole test set, at the end
@@ -70,7 +92,7 @@ class TrainResult:
     fresh_examples: int  # read from upstream
     echoed_examples: int  # extra copies trained on
     steps: int
-    wall_seconds: float  # the loop, evaluations included
+    wall_seconds: float  # the loop, evaluations excluded
     wait_seconds: float  # blocked on the loader
     step_seconds: float  # computing steps (forward, backward, update)
     eval_seconds: float
@@ -111,15 +133,16 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         seed=cfg.seed,
         shuffle=True,
         drop_last=True,
-        # No checkpoints here, so no per-batch snapshot of the workers' state (with a shuffle
-        # buffer that snapshot ships every buffered example to the main process each batch).
-        **({"snapshot_every_n_steps": 1 << 30} if cfg.num_workers else {}),
+        # This loop saves no checkpoints, so the workers need not send their state (shuffle
+        # buffer included) to the main process every few batches.
+        snapshot_every_n_steps=1 << 30,
     )
 
     model = SmallCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
 
     steps, step_seconds, eval_seconds, next_eval = 0, 0.0, 0.0, cfg.eval_every
+    loss_sum, loss_count = 0.0, 0  # training loss since the last log line
     reached = None if cfg.target_accuracy is None else False
     history: list[dict[str, float]] = []
     start = time.perf_counter()
@@ -134,24 +157,26 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                 optimizer.step()
                 step_seconds += time.perf_counter() - t0
                 steps += 1
+                loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
 
                 fresh = loader.stats.fresh_examples
                 if fresh >= next_eval or fresh >= cfg.budget:
                     t0 = time.perf_counter()
                     acc = evaluate(model, eval_subset).accuracy
                     eval_seconds += time.perf_counter() - t0
-                    next_eval += cfg.eval_every
-                    elapsed = time.perf_counter() - start
+                    next_eval = (fresh // cfg.eval_every + 1) * cfg.eval_every
+                    elapsed = time.perf_counter() - start - eval_seconds
                     history.append(
                         {"fresh": fresh, "steps": steps, "accuracy": acc, "seconds": elapsed}
                     )
                     s = loader.stats
                     log(
                         f"e={cfg.echo_factor:g} step {steps:5d} | fresh {fresh:7,d} | "
-                        f"echoed {s.echoed_examples:7,d} | loss {loss.item():.3f} | "
-                        f"eval acc {acc:.3f} | waited {s.wait_seconds / elapsed:4.0%} | "
+                        f"echoed {s.echoed_examples:7,d} | loss {loss_sum / loss_count:.3f} | "
+                        f"eval acc {acc:.4f} | waited {s.wait_seconds / elapsed:4.0%} | "
                         f"{fresh / elapsed:6,.0f} fresh/s | {elapsed:5.1f} s"
                     )
+                    loss_sum, loss_count = 0.0, 0
                     if reached is not None and acc >= cfg.target_accuracy:
                         reached = True
                     done = bool(reached) or fresh >= cfg.budget
@@ -164,7 +189,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                 )
     finally:
         loader.close()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start - eval_seconds
 
     final = evaluate(model, (test_set.images, test_set.labels))
     return TrainResult(
@@ -255,6 +280,10 @@ def format_results(results: list[TrainResult]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(
+        "wall s: the training loop's wall-clock time, evaluations excluded; "
+        "waited: its share spent blocked on the loader"
+    )
     base = results[0]
     if base.config.echo_factor == 1 and base.steps:
         t_down = base.step_seconds / base.steps

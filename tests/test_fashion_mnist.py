@@ -19,6 +19,8 @@ from dataecho.sources.fashion_mnist import (
     IDXFormatError,
     check_files,
     read_idx,
+    write_idx,
+    write_subset,
 )
 
 needs_data = pytest.mark.skipif(
@@ -27,16 +29,11 @@ needs_data = pytest.mark.skipif(
 )
 
 
-def write_idx(path: Path, array: np.ndarray, *, code: int | None = None) -> Path:
-    """Write ``array`` as an IDX file (gzipped when ``path`` ends in .gz), big-endian."""
-    codes = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D,
-             np.float64: 0x0E}  # fmt: skip
-    code = codes[array.dtype.type] if code is None else code
+def write_raw_idx(path: Path, array: np.ndarray, *, code: int) -> Path:
+    """An IDX file written by hand (any type code, even invalid ones), independent of write_idx."""
     header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}i", *array.shape)
-    data = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "wb") as f:
-        f.write(data)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(array.dtype.newbyteorder(">")).tobytes())
     return path
 
 
@@ -58,6 +55,14 @@ def test_read_idx_round_trips_every_element_type(tmp_path, dtype, suffix):
     assert got.dtype == np.dtype(dtype) and got.dtype.isnative
     np.testing.assert_array_equal(got, array)
     got[0, 0, 0] = 7  # writable: torch.from_numpy needs that
+    codes = {np.uint8: 8, np.int8: 9, np.int16: 11, np.int32: 12, np.float32: 13, np.float64: 14}
+    by_hand = read_idx(write_raw_idx(tmp_path / "b.gz", array, code=codes[dtype]))
+    np.testing.assert_array_equal(by_hand, array)  # the layout is the standard, not our own
+
+
+def test_write_idx_rejects_types_idx_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match="IDX cannot store dtype int64; use one of uint8"):
+        write_idx(tmp_path / "x.gz", np.zeros(3, np.int64))
 
 
 def test_read_idx_rejects_bad_magic_naming_the_file(tmp_path):
@@ -70,7 +75,7 @@ def test_read_idx_rejects_bad_magic_naming_the_file(tmp_path):
 
 def test_read_idx_rejects_unknown_type_and_truncated_data(tmp_path):
     with pytest.raises(IDXFormatError, match="unknown IDX element type 0x07"):
-        read_idx(write_idx(tmp_path / "t.gz", np.zeros(3, np.uint8), code=0x07))
+        read_idx(write_raw_idx(tmp_path / "t.gz", np.zeros(3, np.uint8), code=0x07))
     path = write_idx(tmp_path / "u", np.zeros((4, 5), np.uint8))
     path.write_bytes(path.read_bytes()[:-3])
     with pytest.raises(IDXFormatError, match=r"shape \(4, 5\) \(20 data bytes\), file has 17"):
@@ -143,3 +148,11 @@ def test_real_files_have_the_published_sizes_and_balanced_classes():
         assert int(ds.images.max()) == 255 and int(ds.images.min()) == 0
     image, label = ds[0]  # first test example: an ankle boot
     assert label == 9 and image.shape == (1, 28, 28)
+
+
+@needs_data
+def test_write_subset_copies_the_first_examples(tmp_path):
+    write_subset(tmp_path, train=30, test=20)
+    small, full = FashionMNIST(tmp_path, "test"), FashionMNIST(split="test", limit=20)
+    assert len(small) == 20 and len(FashionMNIST(tmp_path)) == 30
+    assert torch.equal(small.images, full.images) and torch.equal(small.labels, full.labels)

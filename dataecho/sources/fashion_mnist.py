@@ -26,7 +26,6 @@ FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
-SIZES = {"train": 60_000, "test": 10_000}
 CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
     "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -63,7 +62,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise IDXFormatError(
             f"{path}: not an IDX file (magic bytes {raw[:4].hex() or 'missing'}, expected "
-            f"00 00 <type> <ndim>); is it the right file, and was it decompressed twice?"
+            f"00 00 <type> <ndim>); is it the right file, and not compressed twice?"
         )
     code, ndim = raw[2], raw[3]
     if code not in _IDX_DTYPES:
@@ -85,6 +84,26 @@ def read_idx(path: str | Path) -> np.ndarray:
     data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
     # A copy: frombuffer over bytes is read-only, and torch wants writable memory.
     return data.astype(dtype.newbyteorder("="), copy=True)
+
+
+def write_idx(path: str | Path, array: np.ndarray) -> Path:
+    """Write ``array`` as an IDX file (gzipped when the name ends in ``.gz``); the inverse of
+    :func:`read_idx`. For subsets of the data (tests, quick runs) and prepared copies."""
+    path = Path(path)
+    codes = {dtype.newbyteorder("="): code for code, dtype in _IDX_DTYPES.items()}
+    array = np.asarray(array)
+    code = codes.get(array.dtype.newbyteorder("="))
+    if code is None:
+        raise ValueError(
+            f"IDX cannot store dtype {array.dtype}; use one of "
+            f"{', '.join(str(d.newbyteorder('=')) for d in _IDX_DTYPES.values())}"
+        )
+    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
+    data = np.ascontiguousarray(array, dtype=_IDX_DTYPES[code]).tobytes()
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as f:
+        f.write(header + data)
+    return path
 
 
 def missing_data_error(path: Path) -> DataNotFoundError:
@@ -133,6 +152,23 @@ def load_split(data_dir: str | Path = DEFAULT_DATA_DIR, split: str = "train"):
             f"{label_file}: label {int(labels.max())} out of range 0..{len(CLASSES) - 1}"
         )
     return images, labels.astype(np.int64)
+
+
+def write_subset(
+    out_dir: str | Path, *, train: int, test: int, data_dir: str | Path = DEFAULT_DATA_DIR
+) -> Path:
+    """Copy the first ``train`` / ``test`` examples of each split into ``out_dir``, same format.
+
+    The copy loads in milliseconds: for tests and quick runs (``--data-dir out_dir``).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train), ("test", test)):
+        images, labels = load_split(data_dir, split)
+        image_file, label_file = FILES[split]
+        write_idx(out_dir / image_file, images[:n])
+        write_idx(out_dir / label_file, labels[:n].astype(np.uint8))
+    return out_dir
 
 
 class FashionMNIST(Dataset):
