@@ -33,6 +33,22 @@ from dataecho.stages import (
 
 __version__ = "0.1.0"
 
+# The training machinery (models, optimizers, data sources) loads only when asked for.
+_LAZY = {
+    "train": "dataecho.train",
+    "TrainConfig": "dataecho.config",
+    "TrainResult": "dataecho.train",
+}
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dataecho' has no attribute {name!r}")
+
+
 __all__ = [
     "AdaptiveEcho",
     "Echo",
@@ -42,6 +58,8 @@ __all__ = [
     "ProfileReport",
     "Shuffle",
     "StochasticEcho",
+    "TrainConfig",
+    "TrainResult",
     "TrainingProgress",
     "__version__",
     "adaptive_echo",
@@ -53,4 +71,5 @@ __all__ = [
     "shuffle",
     "stochastic_echo",
     "time_model",
+    "train",
 ]

@@ -1,27 +1,40 @@
 """The ``dataecho`` command. It only parses arguments and calls the library.
 
-    dataecho demo            # the main job: train with and without echoing, print a table
-    dataecho demo --help     # its options
+    dataecho demo                        # the main job: nginx, three runs, a report
+    dataecho prepare --out shards/       # write Fashion-MNIST (or --dataset austen) as shards
+    dataecho train --upstream shards/ --echo-factor 4     # one run; every option: --help
+    dataecho train --config run.toml --resume             # a TOML file holds the same keys
 
 Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(args) -> int``
 (the call into the library), then list them in ``COMMANDS``. Errors the user can fix (missing
-data, a bad option value) print one ``dataecho NAME: error: ...`` line and exit with status 2;
-anything else is a bug and keeps its traceback.
+data or nginx, an unreachable server, a bad option or config value, a checkpoint of another
+run) print one ``dataecho NAME: error: ...`` line and exit with status 2; anything else is a
+bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM with 143, both after every
+``finally`` on the way out has run (loader workers shut down, a server the command started
+stopped).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
+from typing import Any
 
-from dataecho.loader import WHERE_CHOICES
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, DataNotFoundError, IDXFormatError
+from dataecho import demo
+from dataecho.checkpoint import CheckpointError
+from dataecho.config import CLI_TARGETS, Bool, Choice, ConfigError, config_from, flag, options
+from dataecho.sources.fashion_mnist import DataNotFoundError, IDXFormatError
+from dataecho.sources.nginx import NginxNotFoundError
+from dataecho.upstream import DATASETS, UpstreamError
 
 # Errors caused by the user's input or machine, reported without a traceback.
-USER_ERRORS = (DataNotFoundError, IDXFormatError, ValueError)
+USER_ERRORS = (DataNotFoundError, IDXFormatError, NginxNotFoundError, UpstreamError,
+               ConfigError, CheckpointError, ValueError)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -32,137 +45,139 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-# --- demo -------------------------------------------------------------------------------------
+# --- train ------------------------------------------------------------------------------------
+
+_GROUPS = {"workload": "workload", "data": "data and upstream", "echoing": "echoing",
+           "training": "optimizer", "stopping": "stopping", "evaluation": "evaluation",
+           "machine": "threads, workers, seed", "checkpoints": "checkpoints",
+           "output": "output"}  # fmt: skip
 
 
-def _add_demo(p: argparse.ArgumentParser) -> None:
-    data = p.add_argument_group("data and upstream")
-    data.add_argument(
-        "--data-dir",
+def _add_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
         type=Path,
-        default=DEFAULT_DATA_DIR,
-        metavar="DIR",
-        help="folder with the four Fashion-MNIST *-ubyte.gz files (default: %(default)s)",
+        metavar="FILE",
+        help="TOML file with any of the options below as keys (echo-factor = 4 or "
+        "echo_factor = 4); flags given here override it",
     )
-    data.add_argument(
-        "--train-examples",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="use only the first N training examples (default: all 60,000)",
+    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
+    targets = {key: f"{value:g}" for key, value in CLI_TARGETS.values()}
+    for f in options():
+        check, text = f.metadata["check"], f.metadata["help"]
+        rules = check.describe()
+        default = targets.get(f.name, f.default if f.default is not MISSING else None)
+        if f.name == "progress":
+            default = "on when stderr is a terminal"
+        if isinstance(default, float):
+            default = f"{default:g}"
+        shown = "" if default in (None, "") else f"default {default}"
+        detail = ", ".join(s for s in (rules, shown) if s)
+        help_text = f"{text}{f' [{detail}]' if detail else ''}".replace("%", "%%")
+        group = groups[f.metadata["group"]]
+        if isinstance(check, Bool):
+            group.add_argument(flag(f.name), action=argparse.BooleanOptionalAction,
+                               default=None, help=help_text)  # fmt: skip
+        else:
+            choices = check.choices if isinstance(check, Choice) else None
+            metavar = None if choices else check.metavar
+            group.add_argument(flag(f.name), default=None, choices=choices, metavar=metavar,
+                               help=help_text)  # fmt: skip
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from dataecho.train import train  # the training machinery loads only for this command
+
+    given = {f.name: getattr(args, f.name) for f in options() if getattr(args, f.name) is not None}
+    defaults = {"progress": sys.stderr.isatty()}  # a live bar only where someone watches
+    cfg = config_from(args.config, given, defaults=defaults, cli_targets=True)
+    r = train(cfg)
+    target = "no target" if r.reached_target is None else (
+        f"target {cfg.target:g} reached after {r.fresh_to_target:,} fresh examples, "
+        f"{r.steps_to_target:,} steps, {r.seconds_to_target:.1f} s"
+        if r.reached_target else f"target {cfg.target:g} not reached"
+    )  # fmt: skip
+    final = (f"test accuracy {r.test_accuracy:.4f}" if r.test_accuracy is not None
+             else f"validation loss {r.test_loss:.4f} nats/char")  # fmt: skip
+    print(
+        f"[{cfg.name}] done: {final} (whole split); {target}\n"
+        f"[{cfg.name}] {r.fresh_examples:,} fresh + {r.echoed_examples:,} echoed examples "
+        f"(echo {r.realized_factor:.2f}x), {r.steps:,} steps, {r.wall_seconds:.1f} s wall "
+        f"(evaluations {r.eval_seconds:.1f} s), stall {r.stall_fraction:.0%}"
     )
-    data.add_argument(
-        "--upstream-ratio",
+    return 0
+
+
+# --- profile ----------------------------------------------------------------------------------
+
+
+def _add_profile(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--seconds",
         type=_positive_float,
-        default=4.0,
-        metavar="R",
-        help="slow the reads so one batch takes R training steps' time, calibrated "
-        "on this machine (default: %(default)s)",
+        default=10.0,
+        help="time to spend measuring, split between the three phases (default: %(default)s)",
     )
-    data.add_argument(
-        "--read-delay",
-        type=_non_negative_float,
-        default=None,
-        metavar="SECONDS",
-        help="fixed seconds per example read instead of --upstream-ratio (0: no delay)",
-    )
-    echo = p.add_argument_group("echoing")
-    echo.add_argument(
-        "--echo-factor",
-        type=_echo_factor,
-        default=4.0,
-        metavar="E",
-        help="echo factor of the second run; the first always runs with 1 (default: %(default)s)",
-    )
-    echo.add_argument(
-        "--where",
-        choices=WHERE_CHOICES,
-        default="before_augment",
-        help="insertion point of the echo stage (default: %(default)s)",
-    )
-    echo.add_argument(
-        "--shuffle-buffer",
-        type=_non_negative_int,
-        default=1024,
-        metavar="N",
-        help="post-echo shuffle buffer of the echoed run (default: %(default)s)",
-    )
-    run = p.add_argument_group("training and stopping")
-    run.add_argument(
-        "--target",
-        type=_target,
-        default=0.86,
-        metavar="ACC",
-        help="stop when the periodic test accuracy reaches ACC; 'off' to train the whole "
-        "budget (default: %(default)s)",
-    )
-    run.add_argument(
-        "--budget",
-        type=_positive_int,
-        default=240_000,
-        metavar="N",
-        help="stop after N fresh examples at the latest (default: %(default)s)",
-    )
-    run.add_argument("--batch-size", type=_positive_int, default=128, metavar="N")
-    run.add_argument("--lr", type=_positive_float, default=0.05)
-    run.add_argument(
-        "--eval-every",
-        type=_positive_int,
-        default=6_000,
-        metavar="N",
-        help="fresh examples between evaluations and log lines (default: %(default)s)",
-    )
-    run.add_argument(
-        "--eval-examples",
-        type=_positive_int,
-        default=10_000,
-        metavar="N",
-        help="first N test examples in those evaluations (default: all 10,000)",
-    )
-    run.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=1,
-        help="torch threads for the training step (default: %(default)s)",
-    )
-    run.add_argument(
-        "--workers",
-        type=_non_negative_int,
-        default=1,
-        help="loader worker processes (default: %(default)s)",
-    )
-    run.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_train(p)  # the run to profile: the same options as `dataecho train`
 
 
-def _run_demo(args: argparse.Namespace) -> int:
-    from dataecho.train import TrainConfig, compare, format_results  # torch loads only here
+def _run_profile(args: argparse.Namespace) -> int:
+    import json
 
-    base = TrainConfig(
-        data_dir=args.data_dir,
-        train_examples=args.train_examples,
-        budget=args.budget,
-        target_accuracy=args.target,
-        where=args.where,
-        shuffle_buffer=args.shuffle_buffer,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        read_delay=args.read_delay or 0.0,
-        num_workers=args.workers,
-        threads=args.threads,
-        eval_every=args.eval_every,
-        eval_examples=args.eval_examples,
-        seed=args.seed,
-    )
-    ratio = None if args.read_delay is not None else args.upstream_ratio
-    results = compare(base, (1.0, args.echo_factor), upstream_ratio=ratio)
-    print()
-    print(format_results(results))
+    from dataecho.profiling import format_report
+    from dataecho.train import profile_run
+
+    given = {f.name: getattr(args, f.name) for f in options() if getattr(args, f.name) is not None}
+    cfg = config_from(args.config, given, defaults={"progress": False}, cli_targets=True)
+    report = profile_run(cfg, seconds=args.seconds)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))
+    return 0
+
+
+# --- prepare ----------------------------------------------------------------------------------
+
+
+def _add_prepare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="folder for the shards and manifest.json (created if missing)")  # fmt: skip
+    p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist",
+                   help="the training split to write (default: %(default)s)")  # fmt: skip
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="Fashion-MNIST IDX folder or janeaustenr package folder (default: "
+                   "where the Debian package puts it)")  # fmt: skip
+    p.add_argument("--examples", type=_positive_int, default=None, metavar="N",
+                   help="write only the first N examples (default: all)")  # fmt: skip
+    p.add_argument("--examples-per-shard", type=_positive_int, default=1000, metavar="N",
+                   help="examples per tar shard (default: %(default)s)")  # fmt: skip
+    p.add_argument("--seq-len", type=_positive_int, default=64, metavar="N",
+                   help="austen: characters per example (default: %(default)s)")  # fmt: skip
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from dataecho.upstream import prepare
+
+    manifest, written = prepare(args.out, args.dataset, data_dir=args.data_dir,
+                                examples=args.examples, seq_len=args.seq_len,
+                                examples_per_shard=args.examples_per_shard)  # fmt: skip
+    size = sum(s["bytes"] for s in manifest["shards"]) / 1e6
+    what = f"{len(manifest['shards'])} shards, {manifest['total']:,} examples, {size:.1f} MB"
+    if written:
+        print(f"wrote {what} to {args.out}")
+    else:
+        print(f"{args.out} already holds these shards ({what}): nothing written")
     return 0
 
 
 COMMANDS = [
-    Command("demo", "train a CNN on Fashion-MNIST with and without echoing; compare", _add_demo,
-            _run_demo),
+    Command("demo", "train on shards served by nginx with and without echoing; write a report",
+            demo.add_demo_arguments, demo.run_demo),
+    Command("profile", "measure t_up, t_down and R of a run; recommend an echo factor",
+            _add_profile, _run_profile),
+    Command("prepare", "write a dataset once as WebDataset shards with a manifest",
+            _add_prepare, _run_prepare),
+    Command("train", "train a model through the echoing loader from an upstream of your choice",
+            _add_train, _run_train),
 ]  # fmt: skip
 
 
@@ -184,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dataecho`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    previous = _on_sigterm(_terminate)
     try:
         return args._run(args)
     except USER_ERRORS as err:
@@ -192,54 +208,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dataecho {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"dataecho {args.command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        _on_sigterm(previous)
 
 
-# --- argument types: argparse turns their ValueError into a usage error ---------------------
+class Terminated(BaseException):
+    """SIGTERM arrived. Raised in the main thread so that every ``finally`` runs on the way
+    out: loader workers are shut down and a server started by the command is stopped (the
+    default SIGTERM action would end the process without any of that)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install ``handler`` for SIGTERM; return the one before (None off the main thread)."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _echo_factor(text: str) -> float:
-    value = float(text)
-    if not 1 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number >= 1 (1 = no echoing), got {text}"
-        )
-    return value
-
-
-def _target(text: str) -> float | None:
-    if text.lower() in ("off", "none"):
-        return None
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be an accuracy in (0, 1] or 'off', got {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 

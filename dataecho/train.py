@@ -1,301 +1,445 @@
-"""The training loop: a small CNN on Fashion-MNIST through ``EchoingDataLoader``, slow upstream.
+"""``dataecho train``: train through ``EchoingDataLoader`` from a slow upstream, to a target.
 
-    dataecho demo                                  # e=1 and e=4 side by side, then a table
-    dataecho demo --echo-factor 2 --target 0.85    # other settings: dataecho demo --help
+    dataecho prepare --out shards/                        # Fashion-MNIST as WebDataset shards
+    dataecho train --upstream shards/ --echo-factor 4 --shuffle-buffer 1280 --progress
+    dataecho train --config run.toml --checkpoint-dir ckpt/ --resume   # every option: --help
 
 or from Python::
 
     from dataecho.train import TrainConfig, train
-    result = train(TrainConfig(echo_factor=4, read_delay=0.0002, target_accuracy=0.85))
+    result = train(TrainConfig(echo_factor=4, read_delay=0.0006, target_accuracy=0.85))
 
-Data flows: Fashion-MNIST in memory -> :class:`~dataecho.sources.Throttled` (each read sleeps,
-emulating slow storage) -> ``EchoingDataLoader`` worker (read, echo, shuffle, augment, batch)
--> this loop (one SGD step per batch). The paper's measure of cost is *fresh examples*: those
-read from upstream; echoed copies are extra steps, not extra data.
+Data flows: the upstream (in memory behind ``Throttled``, or shards over HTTP, on disk or on
+emulated storage: :mod:`dataecho.upstream`) -> an ``EchoingDataLoader`` worker (read, decode,
+echo, shuffle, augment, batch) -> this loop (one optimizer step per batch). The paper's measure
+of cost is *fresh examples*, those read from upstream; echoed copies are extra steps, not data.
 
-Threads: on the 2-core target machine the step runs on 1 torch thread in the main process and
-the upstream in 1 loader worker on the other core. Measured with ``dataecho demo --read-delay
-0.0006 --target off --budget 18000`` (2 cores shared with other jobs, so rough), wall seconds
-of the e=1 / e=4 runs:
+Time: ``wall_seconds`` runs from the first batch request to the last step, the periodic
+evaluations and checkpoint writes included: they are part of what a user waits for. Building
+the data before and the final whole-split evaluation after are outside it.
 
-    1 thread,  1 worker    12.7 / 19.9   <- chosen
+Threads: on the 2-core target machine the step runs on 1 torch thread here and the upstream
+in 1 loader worker on the other core (the defaults). Wall seconds of 18,000 fresh examples,
+e=1 / e=4, from ``dataecho train --read-delay 0.0006 --target-accuracy off --budget 18000
+--threads T --num-workers W --echo-factor E`` (e=4 with a 1,024-example shuffle buffer; measured
+with this loop's predecessor, same loader and step, on 2 cores shared with other jobs: rough):
+
+    1 thread,  1 worker    12.7 / 19.9   <- the defaults
     2 threads, 1 worker    12.5 / 54.0   (step and worker fight for the cores)
     1 thread,  0 workers   14.1 / 28.7   (reads and augmentation stall the step)
     2 threads, 0 workers   18.3 / 26.0
+
+Checkpoints (``checkpoint_dir``): every ``checkpoint_every`` steps and at the end, the model,
+optimizer, loader state, counters, history and the loop's RNG, written atomically
+(:mod:`dataecho.checkpoint`). ``resume`` continues from the latest one. An in-memory upstream
+is map-style and resumes exactly where the checkpoint was without re-reading anything; a
+shard upstream is iterable and resumes by fast-forward: the worker re-reads the current epoch
+from its start up to the checkpoint's position (correct, but it costs that reading time).
+With a fixed seed and ``num_workers`` 0 or 1, a resumed run's batches and losses equal those
+of the uninterrupted run. ``echo_factor="auto"`` depends on timing: a resume continues its
+stream without losing or doubling fresh examples, but not identically. Wall time after a
+resume continues from the checkpoint's; the time between that checkpoint and the crash is lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
-from dataecho import _validate
+from dataecho.checkpoint import (
+    CheckpointError,
+    check_same,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from dataecho.config import TrainConfig
 from dataecho.loader import EchoingDataLoader
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FashionMNIST, check_files
-from dataecho.sources.throttled import Throttled
-from dataecho.workloads.augment import Augment, normalize
+from dataecho.profiling import ProfileReport, profile
+from dataecho.progress import TrainingProgress
+from dataecho.upstream import Data, build_data
+from dataecho.workloads import char_lm
 from dataecho.workloads.cnn import SmallCNN, evaluate
 
+__all__ = ["TrainConfig", "TrainResult", "measure_step_seconds", "train"]
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """One training run. Budgets and schedules count fresh examples, as the paper does."""
-
-    data_dir: Path = DEFAULT_DATA_DIR
-    train_examples: int | None = None  # use only the first N training examples (None: 60,000)
-    budget: int = 180_000  # stop after this many fresh examples (3 epochs of 60k)
-    target_accuracy: float | None = None  # ... or once a periodic evaluation reaches this
-    echo_factor: float = 1.0
-    where: str = "before_augment"
-    shuffle_buffer: int = 0  # post-echo shuffle buffer, in examples
-    batch_size: int = 128
-    lr: float = 0.05
-    momentum: float = 0.9
-    read_delay: float = 0.0  # seconds per upstream read (Throttled); 0 = as fast as memory
-    num_workers: int = 1
-    threads: int = 1  # torch threads for the step
-    eval_every: int = 6_000  # fresh examples between evaluations (and log lines)
-    eval_examples: int = 10_000  # first N test examples for those; the final one uses all
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        # The loader and Throttled check their own arguments; these are the loop's.
-        for name in ("budget", "eval_every", "eval_examples", "threads"):
-            _validate.positive_int(getattr(self, name), name=name)
-        target = self.target_accuracy
-        if target is not None and not 0 < target <= 1:
-            raise ValueError(
-                f"target_accuracy must be in (0, 1] or None (no target), got {target!r}"
-            )
+# Settings that shape the stream or the model: a checkpoint continues only a run that had them.
+RESUME_MUST_MATCH = ("workload", "seq_len", "train_examples", "echo_factor", "max_echo_factor",
+                     "where", "shuffle_buffer", "batch_size", "lr", "momentum", "num_workers",
+                     "seed")  # fmt: skip
 
 
 @dataclass
 class TrainResult:
-    """What one run cost and reached.
-
-    ``wall_seconds`` is the training loop's wall-clock time *without* the periodic evaluations
-    (a measurement, not training; ``eval_seconds`` holds them). The loader's worker keeps
-    prefetching during an evaluation, at most ``prefetch_factor`` batches: a small head start
-    that favours runs with more evaluations, i.e. the run without echoing.
-    """
+    """What one run cost and reached. ``history`` has one row per evaluation with the keys
+    fresh, steps, seconds (wall since the start), accuracy (cnn) or val_loss (char-lm),
+    train_loss, realized_factor and stall (the last three over the interval since the row
+    before)."""
 
     config: TrainConfig
-    test_accuracy: float  # on the whole test set, at the end
-    test_loss: float
+    test_accuracy: float | None  # cnn: whole test set, at the end (None for char-lm)
+    test_loss: float  # cross-entropy on the whole test (cnn) / validation (char-lm) split
     fresh_examples: int  # read from upstream
     echoed_examples: int  # extra copies trained on
     steps: int
-    wall_seconds: float  # the loop, evaluations excluded
+    wall_seconds: float  # evaluations and checkpoints included (module docstring)
     wait_seconds: float  # blocked on the loader
-    step_seconds: float  # computing steps (forward, backward, update)
+    step_seconds: float  # forward, backward, update
     eval_seconds: float
+    checkpoint_seconds: float
+    realized_factor: float  # examples trained on / fresh examples
     reached_target: bool | None  # None when no target was set
-    history: list[dict[str, float]] = field(default_factory=list)  # one row per evaluation
+    fresh_to_target: int | None = None  # at the first evaluation that reached it
+    steps_to_target: int | None = None
+    seconds_to_target: float | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # training loss of every step
 
     @property
-    def ratio(self) -> float:
-        """Measured R = t_up / t_down: (wait + step time) per step over step time per step.
+    def stall_fraction(self) -> float:
+        """Share of the wall time the loop waited for data."""
+        return self.wait_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
-        Only meaningful without echoing, where each step waits for one fresh batch.
-        """
-        return (self.wait_seconds + self.step_seconds) / self.step_seconds
+    @property
+    def val_loss(self) -> float | None:
+        """char-lm: final validation cross-entropy, nats per character."""
+        return self.test_loss if self.config.workload == "char-lm" else None
+
+
+@dataclass
+class _Run:
+    """The loop's counters: all of it goes into a checkpoint, so a resume continues them."""
+
+    steps: int = 0
+    epoch: int = 0
+    next_eval: int = 0
+    seconds: float = 0.0  # wall time up to the last checkpoint (a resume starts from it)
+    step_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    loss_sum: float = 0.0  # training loss since the last evaluation
+    loss_count: int = 0
+    mark: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0.0])  # at the last eval:
+    # fresh, examples out, wait seconds, wall seconds
+    to_target: list[float] | None = None  # fresh, steps, seconds at the first target hit
+    done: bool = False
 
 
 def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
-    """Train :class:`SmallCNN` as ``config`` says; log one line per evaluation."""
+    """Train as ``config`` says; log one line per evaluation. See the module docstring."""
     cfg = config
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
+    with _torch_threads(cfg.threads):  # why 1: the module docstring's table
+        torch.manual_seed(cfg.seed)  # the model's initial weights
+        data = build_data(cfg)
+        model, optimizer = _model(cfg, data)
+        loader = make_loader(cfg, data)
+        run, history, losses = _Run(next_eval=cfg.eval_every), [], []
+        if cfg.checkpoint_dir is not None:
+            run, history, losses = _resume_or_start(cfg, data, model, optimizer, loader, run, log)
+        say = _logger(cfg, log)
+        say(f"[{cfg.name}] upstream: {data.description}")
 
-    # Data: the training split behind a slow "storage", the test split as plain tensors.
-    train_set = FashionMNIST(cfg.data_dir, "train", limit=cfg.train_examples)
-    test_set = FashionMNIST(cfg.data_dir, "test")
-    eval_subset = (
-        normalize(test_set.images[: cfg.eval_examples]),
-        test_set.labels[: cfg.eval_examples],
-    )
-    upstream = Throttled(train_set, delay=cfg.read_delay)
-    loader = EchoingDataLoader(
-        upstream,
+        bar = TrainingProgress(loader, desc=cfg.name, batch_size=cfg.batch_size,
+                               disable=not cfg.progress, total_steps=cfg.max_steps)  # fmt: skip
+        start = time.perf_counter() - run.seconds  # after a resume: the checkpoint's wall time
+        try:
+            while not run.done:  # one pass of the loader: one epoch of fresh data
+                data.set_epoch(run.epoch)
+                for batch in bar.wrap(loader):
+                    t0 = time.perf_counter()
+                    loss = _loss(cfg, model, batch)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    run.step_seconds += time.perf_counter() - t0
+                    run.steps += 1
+                    losses.append(loss.item())
+                    run.loss_sum, run.loss_count = run.loss_sum + losses[-1], run.loss_count + 1
+
+                    fresh = loader.stats.fresh_examples
+                    at_limit = _at_limit(cfg, run, fresh)
+                    if fresh >= run.next_eval or at_limit:
+                        t0 = time.perf_counter()
+                        metric = _evaluate(cfg, model, data.eval_set)
+                        run.eval_seconds += time.perf_counter() - t0
+                        row = _history_row(cfg, run, loader, metric, time.perf_counter() - start)
+                        history.append(row)
+                        say(_log_line(cfg, row))
+                        reached = cfg.target is not None and _better(cfg, metric, cfg.target)
+                        if reached and run.to_target is None:
+                            run.to_target = [row["fresh"], row["steps"], row["seconds"]]
+                        run.next_eval = (fresh // cfg.eval_every + 1) * cfg.eval_every
+                        run.done = at_limit or (reached and cfg.stop_at_target)
+                    if cfg.checkpoint_dir and (run.done or run.steps % cfg.checkpoint_every == 0):
+                        run.seconds = time.perf_counter() - start
+                        _save(cfg, run, model, optimizer, loader, data, history, losses)
+                    if run.done:
+                        break
+                else:
+                    run.epoch += 1
+                    if loader.stats.fresh_examples == 0:
+                        raise ValueError(
+                            f"the loader gave no batch of {cfg.batch_size}: the training set "
+                            f"has {_size(data)} examples; use a smaller batch_size or more"
+                        )
+            run.seconds = time.perf_counter() - start
+        finally:
+            loader.close()
+            bar.close()
+        final = _evaluate(cfg, model, data.final_set, full=True)
+    return _result(cfg, run, loader, final, history, losses)
+
+
+def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
+    """The echoing loader of ``cfg`` over ``data.train`` (also what ``dataecho profile`` times)."""
+    return EchoingDataLoader(
+        data.train,
         batch_size=cfg.batch_size,
         echo_factor=cfg.echo_factor,
+        max_echo_factor=cfg.max_echo_factor,
         where=cfg.where,
         shuffle_buffer=cfg.shuffle_buffer,
-        transform=Augment(),
+        transform=data.transform,
         num_workers=cfg.num_workers,
         seed=cfg.seed,
         shuffle=True,
         drop_last=True,
-        # This loop saves no checkpoints, so the workers need not send their state (shuffle
-        # buffer included) to the main process every few batches.
-        snapshot_every_n_steps=1 << 30,
+        # Without checkpoints the workers need not send their state (shuffle buffer
+        # included) every few batches; with them, the loader's default keeps a resume's
+        # replay short.
+        **({} if cfg.checkpoint_dir else {"snapshot_every_n_steps": 1 << 30}),
     )
 
-    model = SmallCNN()
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
 
-    steps, step_seconds, eval_seconds, next_eval = 0, 0.0, 0.0, cfg.eval_every
-    loss_sum, loss_count = 0.0, 0  # training loss since the last log line
-    reached = None if cfg.target_accuracy is None else False
-    history: list[dict[str, float]] = []
-    start = time.perf_counter()
-    done = False
+def profile_run(cfg: TrainConfig, seconds: float = 10.0) -> ProfileReport:
+    """Is the run ``cfg`` describes input-bound? Times its real upstream and its real step."""
+    with _torch_threads(cfg.threads):
+        torch.manual_seed(cfg.seed)
+        data = build_data(cfg)
+        model, optimizer = _model(cfg, data)
+
+        def step(batch: Any) -> None:
+            loss = _loss(cfg, model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        loader = make_loader(cfg, data)
+        try:
+            return profile(loader, step, seconds=seconds)
+        finally:
+            loader.close()
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's thread count set to ``n`` inside, the caller's restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
     try:
-        while not done:  # each pass over the loader is one epoch of fresh data
-            for images, labels in loader:
-                t0 = time.perf_counter()
-                loss = F.cross_entropy(model(images), labels)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                step_seconds += time.perf_counter() - t0
-                steps += 1
-                loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
-
-                fresh = loader.stats.fresh_examples
-                if fresh >= next_eval or fresh >= cfg.budget:
-                    t0 = time.perf_counter()
-                    acc = evaluate(model, eval_subset).accuracy
-                    eval_seconds += time.perf_counter() - t0
-                    next_eval = (fresh // cfg.eval_every + 1) * cfg.eval_every
-                    elapsed = time.perf_counter() - start - eval_seconds
-                    history.append(
-                        {"fresh": fresh, "steps": steps, "accuracy": acc, "seconds": elapsed}
-                    )
-                    s = loader.stats
-                    log(
-                        f"e={cfg.echo_factor:g} step {steps:5d} | fresh {fresh:7,d} | "
-                        f"echoed {s.echoed_examples:7,d} | loss {loss_sum / loss_count:.3f} | "
-                        f"eval acc {acc:.4f} | waited {s.wait_seconds / elapsed:4.0%} | "
-                        f"{fresh / elapsed:6,.0f} fresh/s | {elapsed:5.1f} s"
-                    )
-                    loss_sum, loss_count = 0.0, 0
-                    if reached is not None and acc >= cfg.target_accuracy:
-                        reached = True
-                    done = bool(reached) or fresh >= cfg.budget
-                    if done:
-                        break
-            if loader.stats.fresh_examples == 0:
-                raise ValueError(
-                    f"the loader gave no batch of {cfg.batch_size}: the training set has "
-                    f"{len(train_set)} examples; use a smaller --batch-size or more examples"
-                )
+        yield
     finally:
-        loader.close()
-    wall = time.perf_counter() - start - eval_seconds
+        torch.set_num_threads(before)
 
-    final = evaluate(model, (test_set.images, test_set.labels))
+
+# --- the workload: model, loss, evaluation ---------------------------------------------------
+
+
+def _model(cfg: TrainConfig, data: Data) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    if cfg.workload == "cnn":
+        model = SmallCNN()
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
+        return model, opt
+    model = char_lm.CharTransformer(char_lm.CharLMConfig(data.vocab_size, context=cfg.seq_len))
+    return model, char_lm.make_optimizer(model, lr=cfg.lr)
+
+
+def _loss(cfg: TrainConfig, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    inputs, targets = batch
+    if cfg.workload == "cnn":
+        return F.cross_entropy(model(inputs), targets)
+    return char_lm.lm_loss(model, inputs, targets)
+
+
+def _evaluate(cfg: TrainConfig, model: torch.nn.Module, split: tuple, full: bool = False) -> Any:
+    """Accuracy (cnn) or validation loss (char-lm); with ``full``: (accuracy or None, loss)."""
+    if cfg.workload == "cnn":
+        r = evaluate(model, split)
+        return (r.accuracy, r.loss) if full else r.accuracy
+    inputs, targets = split
+    batches = ((inputs[i : i + 256], targets[i : i + 256]) for i in range(0, len(inputs), 256))
+    loss = char_lm.evaluate(model, batches)
+    return (None, loss) if full else loss
+
+
+def _at_limit(cfg: TrainConfig, run: _Run, fresh: int) -> bool:
+    return fresh >= cfg.budget or (cfg.max_steps is not None and run.steps >= cfg.max_steps)
+
+
+def _better(cfg: TrainConfig, metric: float, target: float) -> bool:
+    return metric >= target if cfg.workload == "cnn" else metric <= target
+
+
+def measure_step_seconds(
+    batch_size: int = 128, threads: int = 1, steps: int = 15, *, workload: str = "cnn",
+    seq_len: int = 64,
+) -> float:  # fmt: skip
+    """Seconds per training step on a synthetic batch (t_down) on ``threads`` torch threads,
+    median after warm-up steps; the caller's thread count is restored after."""
+    with _torch_threads(threads):
+        if workload == "char-lm":  # 82: the Austen vocabulary's size, <unk> included
+            lm = char_lm.CharLMConfig(82, context=seq_len)
+            return char_lm.measure_step_seconds(lm, batch_size, steps=steps)
+        model = SmallCNN()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x, y = torch.randn(batch_size, 1, 28, 28), torch.randint(0, 10, (batch_size,))
+        times = []
+        for _ in range(steps + 3):  # 3 warm-up steps: first calls allocate and pick kernels
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[3:])
+
+
+# --- logging, history, result ----------------------------------------------------------------
+
+
+def _logger(cfg: TrainConfig, log: Callable[[str], None]) -> Callable[[str], None]:
+    if not cfg.progress:
+        return log
+
+    def say(line: str) -> None:
+        with tqdm.external_write_mode():  # the line goes above the live bar, not through it
+            log(line)
+
+    return say
+
+
+def _history_row(
+    cfg: TrainConfig, run: _Run, loader: EchoingDataLoader, metric: float, seconds: float
+) -> dict[str, float]:
+    s = loader.stats
+    fresh0, out0, wait0, seconds0 = run.mark
+    row = {
+        "fresh": s.fresh_examples,
+        "steps": run.steps,
+        "seconds": seconds,
+        "accuracy" if cfg.workload == "cnn" else "val_loss": metric,
+        "train_loss": run.loss_sum / max(run.loss_count, 1),
+        "realized_factor": (s.examples_out - out0) / max(s.fresh_examples - fresh0, 1),
+        "stall": (s.wait_seconds - wait0) / max(seconds - seconds0, 1e-9),
+    }
+    run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
+    run.loss_sum, run.loss_count = 0.0, 0
+    return row
+
+
+def _log_line(cfg: TrainConfig, row: dict[str, float]) -> str:
+    metric = (f"test acc {row['accuracy']:.4f}" if cfg.workload == "cnn"
+              else f"val loss {row['val_loss']:.3f}")  # fmt: skip
+    return (
+        f"[{cfg.name}] step {row['steps']:6,d} | fresh {row['fresh']:8,d} | "
+        f"echo {row['realized_factor']:4.2f}x | stall {row['stall']:4.0%} | "
+        f"loss {row['train_loss']:.3f} | {metric} | {row['seconds']:6.1f} s"
+    )
+
+
+def _result(
+    cfg: TrainConfig, run: _Run, loader: EchoingDataLoader, final: tuple, history: list,
+    losses: list[float],
+) -> TrainResult:  # fmt: skip
+    s = loader.stats
+    reached = None if cfg.target is None else run.to_target is not None
+    fresh_t, steps_t, seconds_t = run.to_target or (None, None, None)
     return TrainResult(
         config=cfg,
-        test_accuracy=final.accuracy,
-        test_loss=final.loss,
-        fresh_examples=loader.stats.fresh_examples,
-        echoed_examples=loader.stats.echoed_examples,
-        steps=steps,
-        wall_seconds=wall,
-        wait_seconds=loader.stats.wait_seconds,
-        step_seconds=step_seconds,
-        eval_seconds=eval_seconds,
+        test_accuracy=final[0],
+        test_loss=final[1],
+        fresh_examples=s.fresh_examples,
+        echoed_examples=s.echoed_examples,
+        steps=run.steps,
+        wall_seconds=run.seconds,
+        wait_seconds=s.wait_seconds,
+        step_seconds=run.step_seconds,
+        eval_seconds=run.eval_seconds,
+        checkpoint_seconds=run.checkpoint_seconds,
+        realized_factor=s.realized_factor,
         reached_target=reached,
+        fresh_to_target=None if fresh_t is None else int(fresh_t),
+        steps_to_target=None if steps_t is None else int(steps_t),
+        seconds_to_target=seconds_t,
         history=history,
+        losses=losses,
     )
 
 
-def measure_step_seconds(batch_size: int = 128, threads: int = 1, steps: int = 15) -> float:
-    """Seconds per training step of :class:`SmallCNN` on a synthetic batch (t_down), median."""
-    torch.set_num_threads(threads)
-    model = SmallCNN()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(batch_size, 1, 28, 28), torch.randint(0, 10, (batch_size,))
-    times = []
-    for _ in range(steps + 3):  # 3 warm-up steps: first calls allocate and pick kernels
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[3:])
+def _size(data: Data) -> str:
+    n = getattr(data.train, "num_examples", None)
+    return f"{n if n is not None else len(data.train):,}"
 
 
-def compare(
-    base: TrainConfig,
-    echo_factors: tuple[float, ...] = (1.0, 4.0),
-    *,
-    upstream_ratio: float | None = 4.0,
-    log: Callable[[str], None] = print,
-) -> list[TrainResult]:
-    """Train once per echo factor, same settings otherwise; the demo's side-by-side runs.
-
-    With ``upstream_ratio`` set, the read delay is calibrated so that reading one batch takes
-    that many training steps (R = t_up / t_down), whatever the machine's speed; otherwise
-    ``base.read_delay`` is used as is. Runs with echo factor 1 get no shuffle buffer (there
-    are no copies to spread apart).
-    """
-    check_files(base.data_dir)  # fail now, not after the calibration
-    delay = base.read_delay
-    if upstream_ratio is not None:
-        t_down = measure_step_seconds(base.batch_size, base.threads)
-        delay = upstream_ratio * t_down / base.batch_size
-        log(
-            f"calibration: one step takes {t_down * 1e3:.1f} ms on {base.threads} thread(s); "
-            f"reads set to {delay * 1e6:.0f} us/example so a batch reads in "
-            f"~{upstream_ratio:g} steps' time (R ~ {upstream_ratio:g})"
-        )
-    results = []
-    for e in echo_factors:
-        buffer = base.shuffle_buffer if e > 1 else 0
-        cfg = dataclasses.replace(base, echo_factor=e, read_delay=delay, shuffle_buffer=buffer)
-        results.append(train(cfg, log))
-    return results
+# --- checkpoints -----------------------------------------------------------------------------
 
 
-def format_results(results: list[TrainResult]) -> str:
-    """A plain-text table of the runs, then R and the echoed runs' savings against the first."""
-    head = ("echo", "where", "target", "test acc", "fresh", "echoed", "steps", "wall s", "waited")
-    rows = [head]
-    for r in results:
-        c = r.config
-        target = "-" if r.reached_target is None else ("reached" if r.reached_target else "missed")
-        rows.append(
-            (
-                f"{c.echo_factor:g}",
-                c.where if c.echo_factor > 1 else "-",
-                target,
-                f"{r.test_accuracy:.4f}",
-                f"{r.fresh_examples:,}",
-                f"{r.echoed_examples:,}",
-                f"{r.steps:,}",
-                f"{r.wall_seconds:.1f}",
-                f"{r.wait_seconds / r.wall_seconds:.0%}",
+def _save(cfg, run, model, optimizer, loader, data, history, losses) -> None:  # noqa: ANN001
+    t0 = time.perf_counter()
+    state = {
+        "config": cfg.to_dict(),
+        "data": data.identity,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "loader": loader.state_dict(),
+        "run": dataclasses.asdict(run),
+        "history": history,
+        "losses": torch.tensor(losses, dtype=torch.float64),
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+    }
+    save_checkpoint(cfg.checkpoint_dir, state, step=run.steps, keep=cfg.keep_checkpoints)
+    run.checkpoint_seconds += time.perf_counter() - t0
+
+
+def _resume_or_start(cfg, data, model, optimizer, loader, run, log):  # noqa: ANN001, ANN202
+    """Load the latest checkpoint when resuming; refuse to mix a new run into an old folder."""
+    path = latest_checkpoint(cfg.checkpoint_dir)
+    if not cfg.resume:
+        if path is not None:
+            raise CheckpointError(
+                f"{cfg.checkpoint_dir} already holds checkpoints ({path.name}); continue that "
+                "run with resume (--resume), or use an empty folder"
             )
+        return run, [], []
+    if path is None:
+        log(f"[{cfg.name}] no checkpoint in {cfg.checkpoint_dir} yet: starting from the beginning")
+        return run, [], []
+    ckpt = load_checkpoint(path)
+    check_same(ckpt["config"], cfg.to_dict(), RESUME_MUST_MATCH, path)
+    if ckpt["data"] != data.identity:
+        raise CheckpointError(
+            f"{path} was trained on other data ({ckpt['data']}) than this upstream has "
+            f"({data.identity}); point the upstream at the data it was trained on"
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(
-        "wall s: the training loop's wall-clock time, evaluations excluded; "
-        "waited: its share spent blocked on the loader"
-    )
-    base = results[0]
-    if base.config.echo_factor == 1 and base.steps:
-        t_down = base.step_seconds / base.steps
-        lines.append(
-            f"R = t_up/t_down ~ {base.ratio:.1f}, measured in the e=1 run: a step waited "
-            f"{base.wait_seconds / base.steps * 1e3:.1f} ms for data and computed "
-            f"{t_down * 1e3:.1f} ms"
-        )
-        for r in results[1:]:
-            lines.append(
-                f"e={r.config.echo_factor:g} against e=1: "
-                f"{base.fresh_examples / max(r.fresh_examples, 1):.2f}x fewer fresh examples, "
-                f"{base.wall_seconds / r.wall_seconds:.2f}x less wall time"
-            )
-    return "\n".join(lines)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    loader.load_state_dict(ckpt["loader"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    random.setstate(ckpt["rng"]["python"])
+    run = _Run(**ckpt["run"])
+    # A finished run continues only if this config allows more (a larger budget or max_steps).
+    reached = run.to_target is not None and cfg.stop_at_target and cfg.target is not None
+    run.done = reached or _at_limit(cfg, run, loader.stats.fresh_examples)
+    log(f"[{cfg.name}] resumed from {path}: step {run.steps:,}, "
+        f"{loader.stats.fresh_examples:,} fresh examples, {run.seconds:.1f} s")  # fmt: skip
+    return run, list(ckpt["history"]), ckpt["losses"].tolist()

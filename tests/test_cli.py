@@ -1,103 +1,240 @@
-"""The ``dataecho`` command: the demo end to end on a small real copy, and its error paths."""
+"""The ``dataecho`` command: prepare and train end to end on small real data, and error paths."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from importlib.metadata import entry_points
 
 import pytest
+import torch
 
+from dataecho import demo
+from dataecho.checkpoint import latest_checkpoint
 from dataecho.cli import COMMANDS, build_parser, main
+from dataecho.config import flag, options
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
+from dataecho.sources.nginx import NginxServer, find_nginx, group_pids
+from dataecho.train import TrainConfig, train
 
 needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",
 )
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def have_nginx() -> bool:
+    try:
+        find_nginx()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
 def small_dir(tmp_path_factory):
+    if not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file():
+        pytest.skip("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
     return write_subset(tmp_path_factory.mktemp("fmnist"), train=1024, test=300)
 
 
-TINY_FLAGS = [
-    "--budget", "512", "--batch-size", "64", "--eval-every", "256", "--target", "off",
-    "--workers", "0", "--echo-factor", "2", "--shuffle-buffer", "0",
-]  # fmt: skip
+@pytest.fixture(scope="module")
+def shard_dir(small_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    assert main(["prepare", "--out", str(out), "--data-dir", str(small_dir), "--examples",
+                 "512", "--examples-per-shard", "128"]) == 0  # fmt: skip
+    return out
+
+
+# Small runs: batches of 64, evaluations on 100 test examples.
+TINY = ["--batch-size", "64", "--eval-examples", "100", "--eval-every", "256", "--no-progress"]
+
+
+def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    """``dataecho ARGS`` as a user runs it: a separate process; status, stdout, stderr."""
+    return subprocess.run([sys.executable, "-m", "dataecho.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=ENV)  # fmt: skip
 
 
 @needs_data
-@pytest.mark.timeout(120)
-def test_demo_prints_both_runs_in_a_table(small_dir, capsys):
-    code = main(["demo", "--data-dir", str(small_dir), "--upstream-ratio", "2", *TINY_FLAGS])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert out.startswith("calibration: one step takes")
-    assert "e=1 step" in out and "e=2 step" in out  # the per-interval log lines
-    table = out[out.index("echo  ") :].splitlines()
-    assert table[0].split()[:3] == ["echo", "where", "target"]
-    plain, echoed = table[2].split(), table[3].split()
-    assert plain[:3] == ["1", "-", "-"] and echoed[:3] == ["2", "before_augment", "-"]
-    # fresh, echoed, steps: the budget in fresh examples; echoing doubles the steps
-    assert plain[4:7] == ["512", "0", "8"] and echoed[4:7] == ["512", "512", "16"]
-    assert 0 <= float(plain[3]) <= 1 and float(echoed[7]) > 0
-    assert "R = t_up/t_down ~ " in out and "e=2 against e=1: 1.00x fewer fresh examples" in out
-
-
-@needs_data
-@pytest.mark.timeout(120)
-def test_demo_with_a_fixed_read_delay_and_a_target(small_dir, capsys):
-    flags = ["--read-delay", "0", "--target", "0.05", "--where", "after_augment"]
-    assert main(["demo", "--data-dir", str(small_dir), *TINY_FLAGS, *flags]) == 0
-    out = capsys.readouterr().out
-    assert "calibration" not in out
-    rows = out[out.index("echo  ") :].splitlines()[2:4]
-    assert [r.split()[2] for r in rows] == ["reached", "reached"]
-    assert rows[1].split()[1] == "after_augment"
-
-
-@pytest.mark.timeout(60)
-def test_missing_data_gives_the_install_hint_and_no_traceback(tmp_path):
-    """Run as a user would: a separate process, exit status and stderr only."""
-    missing = tmp_path / "no-such-dir"
-    proc = subprocess.run(
-        [sys.executable, "-m", "dataecho.cli", "demo", "--data-dir", str(missing)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+def test_prepare_writes_once_then_finds_the_shards_intact(small_dir, shard_dir, capsys):
+    again = ["prepare", "--out", str(shard_dir), "--data-dir", str(small_dir), "--examples",
+             "512", "--examples-per-shard", "128"]  # fmt: skip
+    assert main(again) == 0
+    assert capsys.readouterr().out == (
+        f"{shard_dir} already holds these shards (4 shards, 512 examples, 1.2 MB): nothing written\n"
     )
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert str(missing / FILES["train"][0]) in proc.stderr
-    assert "apt-get install dataset-fashion-mnist" in proc.stderr
-    assert "--data-dir" in proc.stderr
-    assert proc.stderr.startswith("dataecho demo: error: ")
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--echo-factor", "0.5"], "--echo-factor: must be a finite number >= 1"),
-        (["--target", "1.5"], "--target: must be an accuracy in (0, 1] or 'off'"),
-        (["--budget", "0"], "--budget: must be an integer >= 1, got 0"),
-        (["--where", "middle"], "--where: invalid choice: 'middle'"),
-        (["--read-delay", "-1"], "--read-delay: must be a finite number >= 0"),
-    ],
-)
-def test_bad_options_are_usage_errors(flags, message, capsys):
+@needs_data
+@pytest.mark.timeout(120)
+def test_train_from_local_shards_logs_each_evaluation_and_a_summary(small_dir, shard_dir, capsys):
+    code = main(["train", "--upstream", str(shard_dir), "--data-dir", str(small_dir),
+                 "--budget", "512", "--echo-factor", "2", "--target-accuracy", "off", *TINY])  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0].startswith(f"[e=2] upstream: shards on local disk: {shard_dir} (4 shards")
+    assert [line.split("|")[1].split()[1] for line in out[1:3]] == ["256", "512"]  # fresh
+    assert out[3].startswith("[e=2] done: test accuracy ") and out[3].endswith("no target")
+    assert out[4].startswith("[e=2] 512 fresh + 512 echoed examples (echo 2.00x), 16 steps")
+
+
+@needs_data
+@pytest.mark.timeout(120)
+def test_train_reads_a_toml_config_and_flags_override_it(small_dir, tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text(f'data-dir = "{small_dir}"\ntrain_examples = 256\nbudget = 256\n'
+                      'name = "from-file"\necho-factor = 3\ntarget-accuracy = 0.05\n')  # fmt: skip
+    assert main(["train", "--config", str(config), "--echo-factor", "2", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "[from-file] done:" in out and "echo 2.00x" in out
+    assert "target 0.05 reached after 256 fresh examples, 8 steps" in out
+
+
+@needs_data
+@pytest.mark.timeout(120)
+def test_profile_measures_an_input_bound_run_and_recommends_echoing(small_dir, capsys):
+    # Reads of 1 ms per example: a batch of 32 takes ~32 ms, far longer than a CNN step.
+    code = main(["profile", "--data-dir", str(small_dir), "--read-delay", "0.001",
+                 "--batch-size", "32", "--seconds", "3", "--json"])  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["t_up"] > report["t_down"] > 0
+    assert report["ratio"] > 1.1 and report["input_bound"] is True
+    assert report["recommended_echo_factor"] >= 2
+
+
+def test_bad_config_key_or_value_is_one_error_line(tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text("echo-factr = 2\n")
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"dataecho train: error: {config}: unknown key 'echo-factr'; did you mean 'echo_factor'?\n"
+    )
+    assert main(["train", "--budget", "0"]) == 2
+    assert "dataecho train: error: --budget: budget must be >= 1 or 'default', got 0" in (
+        capsys.readouterr().err
+    )
+    assert main(["train", "--workload", "char-lm", "--target-accuracy", "0.9"]) == 2
+    assert "target_accuracy=0.9 does not apply to workload='char-lm'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
-        main(["demo", *flags])
+        main(["train", "--where", "middle"])
+    assert info.value.code == 2 and "invalid choice: 'middle'" in capsys.readouterr().err
+
+
+def test_train_help_documents_every_option_with_its_range():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["train"]
+    text = " ".join(sub.format_help().split())
+    for f in options():
+        assert flag(f.name) in text, f.name
+    for fragment in ("--config FILE", "an integer >= 1", "a number in (0, 1], default 0.85",
+                     "default 1.8", "a number >= 1, or 'auto'", "--no-resume"):  # fmt: skip
+        assert fragment in text, fragment
+
+
+def test_missing_data_gives_the_install_hint_and_no_traceback(tmp_path, capsys):
+    missing = tmp_path / "no-such-dir"
+    assert main(["train", "--data-dir", str(missing)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err.startswith(f"dataecho train: error: Fashion-MNIST file not found: {missing}/")
+    assert "apt-get install dataset-fashion-mnist" in err and "--data-dir" in err
+
+
+@needs_data
+@pytest.mark.timeout(120)
+def test_resume_in_a_new_process_continues_the_uninterrupted_run(small_dir, shard_dir, tmp_path):
+    cfg = TrainConfig(upstream=str(shard_dir), data_dir=small_dir, batch_size=64,
+                      eval_examples=100, eval_every=256, budget=1024, echo_factor=2,
+                      shuffle_buffer=128, num_workers=1, max_steps=24)  # fmt: skip
+    whole = train(cfg, log=lambda line: None)
+    ck = tmp_path / "ck"
+    train(TrainConfig(**{**cfg.to_dict(), "max_steps": 9, "checkpoint_dir": str(ck)}),
+          log=lambda line: None)  # fmt: skip
+    proc = run_cli("train", "--upstream", str(shard_dir), "--data-dir", str(small_dir),
+                   "--budget", "1024", "--echo-factor", "2", "--shuffle-buffer", "128",
+                   "--max-steps", "24", "--checkpoint-dir", str(ck), "--resume",
+                   "--target-accuracy", "off", *TINY)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"resumed from {ck}/step-00000009.pt: step 9" in proc.stdout
+    final = torch.load(latest_checkpoint(ck), weights_only=True)
+    assert final["run"]["steps"] == 24 and final["losses"].tolist() == whole.losses
+
+
+@needs_data
+@pytest.mark.skipif(not have_nginx(), reason="nginx not installed (apt-get install nginx-light)")
+@pytest.mark.timeout(120)
+def test_train_streams_every_shard_once_from_a_real_nginx(small_dir, shard_dir, capsys):
+    with NginxServer(shard_dir, rate_limit_bytes_per_s=20_000_000) as server:
+        url = server.url
+        code = main(["train", "--upstream", url, "--data-dir", str(small_dir),
+                     "--budget", "512", "--target-accuracy", "off", *TINY])  # fmt: skip
+        traffic = server.traffic()
+    out = capsys.readouterr().out
+    assert code == 0 and f"shards over HTTP: {url} (4 shards, 512 examples" in out
+    assert "512 fresh + 0 echoed examples" in out
+    shards = sorted(shard_dir.glob("*.tar"))
+    # The manifest, then each shard once: one epoch of fresh data, nothing read twice.
+    assert traffic["requests"] == len(shards) + 1
+    assert traffic["bytes"] == sum(p.stat().st_size for p in shard_dir.iterdir())
+
+
+@needs_data
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("signum", "status", "message"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_ctrl_c_or_sigterm_stops_the_run_and_leaves_no_worker_behind(
+    small_dir, signum, status, message
+):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataecho.cli", "train", "--data-dir", str(small_dir),
+         "--read-delay", "0.002", "--budget", "100000", "--target-accuracy", "off", *TINY],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+        start_new_session=True,  # its own process group, as a shell job has
+    )  # fmt: skip
+    try:
+        while "step" not in (line := proc.stdout.readline()):  # training, worker running
+            assert line, proc.stderr.read()
+        assert len(group_pids(proc.pid)) >= 2  # the main process and its loader worker
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # what Ctrl-C in a terminal does: the whole group
+        else:
+            os.kill(proc.pid, signum)  # what a job scheduler does: the main process only
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == status and f"dataecho train: {message}" in err
+    assert "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while group_pids(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert group_pids(proc.pid) == []
+
+
+def test_demo_command_is_the_demo_modules():
+    (cmd,) = [c for c in COMMANDS if c.name == "demo"]
+    assert cmd.add_arguments is demo.add_demo_arguments and cmd.run is demo.run_demo
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--echo-factor", "0.5"])
     assert info.value.code == 2
-    assert message in capsys.readouterr().err
 
 
 def test_a_command_is_required_and_every_command_has_help(capsys):
     with pytest.raises(SystemExit) as info:
         main([])
     assert info.value.code == 2
-    help_text = build_parser().format_help()
+    help_text = " ".join(build_parser().format_help().split())
     for cmd in COMMANDS:
         assert cmd.name in help_text and cmd.help in help_text
 

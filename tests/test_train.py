@@ -1,18 +1,20 @@
-"""The training loop on real Fashion-MNIST, tiny budgets: accounting, stopping, determinism."""
+"""The training loop on real data, tiny budgets: accounting, stopping, time, checkpoints, resume.
+
+A resume from shards (fast-forward) in a new process is tested in test_cli.py.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+import torch
 
-from dataecho.sources.fashion_mnist import (
-    DEFAULT_DATA_DIR,
-    FILES,
-    DataNotFoundError,
-    write_subset,
-)
-from dataecho.train import TrainConfig, compare, format_results, measure_step_seconds, train
+from dataecho.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints
+from dataecho.sources.austen import DEFAULT_PACKAGE_DIR
+from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
+from dataecho.train import TrainConfig, measure_step_seconds, train
+from dataecho.upstream import prepare
 
 pytestmark = [
     pytest.mark.skipif(
@@ -21,134 +23,194 @@ pytestmark = [
     ),
     pytest.mark.timeout(120),
 ]
+HISTORY_KEYS = ["fresh", "steps", "seconds", "accuracy", "train_loss", "realized_factor", "stall"]
+
+
+def quiet(line: str) -> None:
+    pass
 
 
 # Real data, copied small once: loading the full 60k + 10k per run would dominate the tests.
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    return write_subset(tmp_path_factory.mktemp("fmnist"), train=4096, test=500)
+    return write_subset(tmp_path_factory.mktemp("fmnist"), train=2048, test=400)
 
 
 @pytest.fixture
 def tiny(data_dir):
     """A config maker: 1,024 real examples, batches of 64, reads in the main process."""
-    base = TrainConfig(
-        data_dir=data_dir,
-        train_examples=1024,
-        budget=1024,
-        batch_size=64,
-        eval_every=512,
-        eval_examples=200,
-        num_workers=0,
-    )
+    base = TrainConfig(data_dir=data_dir, train_examples=1024, budget=1024, batch_size=64,
+                       eval_every=512, eval_examples=200, num_workers=0)  # fmt: skip
     return lambda **changes: dataclasses.replace(base, **changes)
 
 
-def test_plain_run_counts_fresh_steps_and_time(tiny):
+def test_plain_run_counts_fresh_steps_time_and_history(tiny):
     logs = []
     r = train(tiny(), log=logs.append)
-    assert r.fresh_examples == 1024 and r.echoed_examples == 0
-    assert r.steps == 16  # 1024 / 64, one step per fresh batch
-    assert [row["fresh"] for row in r.history] == [512, 1024] and len(logs) == 2
-    assert "fresh   1,024" in logs[-1] and "eval acc" in logs[-1]
-    assert 0.0 <= r.test_accuracy <= 1.0 and r.test_loss > 0
-    assert r.wall_seconds > 0 and r.step_seconds > 0 and r.eval_seconds > 0
-    assert r.wall_seconds >= r.step_seconds  # evaluation is outside, steps inside
-    assert r.reached_target is None
+    assert r.fresh_examples == 1024 and r.echoed_examples == 0 and r.realized_factor == 1.0
+    assert r.steps == 16 and len(r.losses) == 16  # 1024 / 64, one step per fresh batch
+    assert [list(row) for row in r.history] == [HISTORY_KEYS] * 2
+    assert [(row["fresh"], row["steps"]) for row in r.history] == [(512, 8), (1024, 16)]
+    assert logs[0].startswith("[e=1] upstream: in memory: Fashion-MNIST train (1,024 examples)")
+    assert len(logs) == 3 and "fresh    1,024" in logs[-1] and "test acc" in logs[-1]
+    assert 0.0 <= r.test_accuracy <= 1.0 and r.test_loss > 0 and r.val_loss is None
+    # Evaluations count in the wall time: it holds the steps and the evaluations.
+    assert r.wall_seconds >= r.step_seconds + r.eval_seconds > r.eval_seconds > 0
+    assert r.history[-1]["seconds"] <= r.wall_seconds
+    assert 0 <= r.stall_fraction <= 1 and r.reached_target is None and r.fresh_to_target is None
 
 
 def test_echoing_takes_e_steps_per_fresh_batch_and_counts_copies_apart(tiny):
-    r = train(tiny(echo_factor=3.0), log=lambda line: None)
-    assert r.fresh_examples == 1024
-    assert r.echoed_examples == 2 * 1024 and r.steps == 3 * 1024 // 64
-    assert r.config.where == "before_augment"
+    r = train(tiny(echo_factor=3.0), log=quiet)
+    assert r.fresh_examples == 1024 and r.echoed_examples == 2 * 1024
+    assert r.steps == 3 * 1024 // 64 and r.realized_factor == 3.0
+    assert [row["realized_factor"] for row in r.history] == [3.0, 3.0]
 
 
 def test_with_a_shuffle_buffer_reads_still_buffered_count_as_fresh(tiny):
     """The budget counts reads; examples still in the buffer when it is spent are not trained."""
-    cfg = tiny(echo_factor=3.0, shuffle_buffer=256)
-    r = train(cfg, log=lambda line: None)
+    r = train(tiny(echo_factor=3.0, shuffle_buffer=256), log=quiet)
     assert r.fresh_examples == 1024
     assert r.fresh_examples + r.echoed_examples == r.steps * 64  # every example out, trained
     assert 3 * (1024 - 256) // 64 <= r.steps < 3 * 1024 // 64
 
 
-def test_stops_at_the_target_before_the_budget(tiny):
-    cfg = tiny(budget=4096, target_accuracy=0.05)
-    r = train(cfg, log=lambda line: None)
-    assert r.reached_target is True
-    assert r.fresh_examples == 512 and len(r.history) == 1  # the first evaluation stops it
+def test_stops_at_the_target_or_trains_on_and_records_when_it_was_reached(tiny):
+    r = train(tiny(budget=2048, target_accuracy=0.05), log=quiet)
+    assert r.reached_target is True and r.fresh_examples == 512 and len(r.history) == 1
+    assert (r.fresh_to_target, r.steps_to_target) == (512, 8)
+    assert r.seconds_to_target == r.history[0]["seconds"]
+    on = train(tiny(budget=2048, target_accuracy=0.05, stop_at_target=False), log=quiet)
+    assert on.reached_target is True and on.fresh_examples == 2048 and len(on.history) == 4
+    assert (on.fresh_to_target, on.steps_to_target) == (512, 8)
 
 
 def test_an_unreachable_target_runs_the_whole_budget_over_several_epochs(tiny):
-    cfg = tiny(train_examples=512, target_accuracy=1.0)
-    r = train(cfg, log=lambda line: None)
+    r = train(tiny(train_examples=512, target_accuracy=1.0), log=quiet)
     assert r.reached_target is False and r.fresh_examples == 1024  # two epochs of 512
+    assert r.fresh_to_target is None and r.seconds_to_target is None
 
 
-def test_same_seed_same_run_with_a_loader_worker(tiny):
-    cfg = tiny(num_workers=1, budget=512, echo_factor=2.0)
-    a, b = train(cfg, log=lambda line: None), train(cfg, log=lambda line: None)
-    assert a.test_accuracy == b.test_accuracy and a.test_loss == b.test_loss
-    assert a.steps == b.steps == 16
+def test_max_steps_stops_mid_epoch_with_a_last_evaluation(tiny):
+    r = train(tiny(max_steps=5), log=quiet)
+    assert r.steps == 5 and r.fresh_examples == 320 and r.history[-1]["steps"] == 5
+
+
+def test_same_seed_same_run_with_a_loader_worker_and_threads_restored(tiny):
+    torch.set_num_threads(2)
+    cfg = tiny(num_workers=1, budget=512, echo_factor=2.0, shuffle_buffer=128)
+    a, b = train(cfg, log=quiet), train(cfg, log=quiet)
+    assert torch.get_num_threads() == 2  # the caller's setting is back
+    assert a.losses == b.losses and a.test_accuracy == b.test_accuracy and a.steps == b.steps
 
 
 def test_learns_beyond_chance_quickly(tiny):
-    cfg = tiny(train_examples=4096, budget=4096)
-    r = train(cfg, log=lambda line: None)
+    r = train(tiny(train_examples=2048, budget=2048), log=quiet)
     assert r.test_accuracy > 0.5  # 10 classes: chance is 0.1
 
 
 def test_a_training_set_smaller_than_a_batch_is_a_clear_error(tiny):
-    cfg = tiny(train_examples=10)
     with pytest.raises(ValueError, match="no batch of 64: the training set has 10 examples"):
-        train(cfg, log=lambda line: None)
+        train(tiny(train_examples=10), log=quiet)
 
 
-def test_compare_calibrates_the_delay_and_the_table_shows_every_run(tiny):
+def test_progress_bar_and_log_lines(tiny, capsys):
     logs = []
-    cfg = tiny(budget=512, shuffle_buffer=0)
-    results = compare(cfg, (1.0, 2.0), upstream_ratio=2.0, log=logs.append)
-    assert logs[0].startswith("calibration: one step takes")
-    delay = results[0].config.read_delay
-    assert delay > 0 and results[1].config.read_delay == delay
-    table = format_results(results).splitlines()
-    assert table[0].split() == [
-        "echo", "where", "target", "test", "acc", "fresh", "echoed", "steps", "wall", "s", "waited"
-    ]  # fmt: skip
-    assert table[2].split()[:3] == ["1", "-", "-"]
-    assert table[3].split()[:2] == ["2", "before_augment"]
-    assert table[3].split()[4:7] == ["512", "512", "16"]  # fresh, echoed, steps
-    assert table[4].startswith("wall s: the training loop's wall-clock time, evaluations excluded")
-    assert table[5].startswith("R = t_up/t_down ~ ")
-    assert table[6].startswith("e=2 against e=1: 1.00x fewer fresh examples")
+    train(tiny(progress=True, name="bar"), log=logs.append)
+    err = capsys.readouterr().err
+    assert "bar:" in err and "fresh/s" in err and "stall" in err  # tqdm bar and its summary
+    assert len(logs) == 3 and logs[1].startswith("[bar] step")
 
 
-def test_compare_gives_the_run_without_echoing_no_shuffle_buffer(tiny):
-    cfg = tiny(budget=256, shuffle_buffer=128)
-    results = compare(cfg, (1.0, 2.0), upstream_ratio=None, log=lambda line: None)
-    assert [r.config.shuffle_buffer for r in results] == [0, 128]
-    assert [r.config.read_delay for r in results] == [0.0, 0.0]
+# --- checkpoints and resume ------------------------------------------------------------------
 
 
-def test_compare_fails_fast_on_a_missing_data_dir(tmp_path):
-    with pytest.raises(DataNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        compare(TrainConfig(data_dir=tmp_path), log=lambda line: None)
+def resumed_equals_uninterrupted(cfg: TrainConfig, ckpt_dir, stop: int, every: int) -> None:
+    """Train ``cfg`` straight through; then to step ``stop`` with checkpoints and resume from
+    the latest: the resumed steps' losses, the counts and the final model must be identical."""
+    whole = train(cfg, log=quiet)
+    first = train(dataclasses.replace(cfg, max_steps=stop, checkpoint_dir=ckpt_dir,
+                                      checkpoint_every=every), log=quiet)  # fmt: skip
+    assert first.losses == whole.losses[:stop]
+    logs = []
+    rest = train(dataclasses.replace(cfg, checkpoint_dir=ckpt_dir, checkpoint_every=every,
+                                     resume=True), log=logs.append)  # fmt: skip
+    assert logs[0].startswith(f"[{cfg.name}] resumed from {ckpt_dir}/step-{stop:08d}.pt")
+    assert len(rest.losses) == whole.steps and rest.losses == whole.losses  # bit for bit
+    assert (rest.fresh_examples, rest.echoed_examples) == (whole.fresh_examples,
+                                                           whole.echoed_examples)  # fmt: skip
+    assert rest.test_accuracy == whole.test_accuracy and rest.test_loss == whole.test_loss
+    assert rest.wall_seconds >= rest.history[-1]["seconds"] > first.history[-1]["seconds"]
 
 
-@pytest.mark.parametrize(
-    ("changes", "message"),
-    [
-        ({"budget": 0}, "budget must be >= 1, got 0"),
-        ({"eval_every": -5}, "eval_every must be >= 0, got -5"),
-        ({"threads": 1.5}, "threads must be an integer >= 0, got 1.5"),
-        ({"target_accuracy": 1.2}, r"target_accuracy must be in \(0, 1\] or None"),
-    ],
-)
-def test_config_rejects_values_the_loop_cannot_use(changes, message):
-    with pytest.raises((ValueError, TypeError), match=message):
-        TrainConfig(**changes)
+def test_resume_in_memory_with_a_worker_echo_and_shuffle_buffer_is_exact(tiny, tmp_path):
+    cfg = tiny(num_workers=1, echo_factor=2.5, shuffle_buffer=192, budget=1536, max_steps=60)
+    resumed_equals_uninterrupted(cfg, tmp_path / "ck", stop=23, every=10)
 
 
-def test_measure_step_seconds_is_a_positive_duration():
+def test_checkpoints_hold_the_whole_run_and_rotate(tiny, tmp_path):
+    cfg = tiny(checkpoint_dir=tmp_path, checkpoint_every=5, keep_checkpoints=2, max_steps=12)
+    r = train(cfg, log=quiet)
+    assert r.checkpoint_seconds > 0  # three writes, counted in the wall time
+    assert r.wall_seconds >= r.step_seconds + r.eval_seconds + r.checkpoint_seconds
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [10, 12]  # every 5, and at the end
+    state = torch.load(latest_checkpoint(tmp_path), weights_only=True)
+    assert set(state) >= {"config", "data", "model", "optimizer", "loader", "run", "history",
+                          "losses", "rng"}  # fmt: skip
+    assert state["run"]["steps"] == 12 and len(state["losses"]) == 12
+    assert state["config"]["checkpoint_every"] == 5 and state["data"].startswith("memory:cnn:1024:")
+
+
+def test_resume_refuses_other_settings_and_a_new_run_refuses_an_old_folder(tiny, tmp_path):
+    cfg = tiny(checkpoint_dir=tmp_path, checkpoint_every=4, max_steps=4)
+    train(cfg, log=quiet)
+    with pytest.raises(CheckpointError, match="already holds checkpoints .*resume"):
+        train(cfg, log=quiet)
+    with pytest.raises(CheckpointError, match="echo_factor: checkpoint 1.0, now 2.0"):
+        train(dataclasses.replace(cfg, resume=True, echo_factor=2.0), log=quiet)
+
+
+def test_resume_refuses_other_data(data_dir, tmp_path):
+    for n in (512, 640):
+        prepare(tmp_path / str(n), data_dir=data_dir, examples=n, examples_per_shard=128)
+    cfg = TrainConfig(upstream=str(tmp_path / "512"), data_dir=data_dir, batch_size=64,
+                      eval_examples=100, num_workers=0, max_steps=2,
+                      checkpoint_dir=tmp_path / "ck")  # fmt: skip
+    train(cfg, log=quiet)
+    moved = dataclasses.replace(cfg, upstream=str(tmp_path / "640"), resume=True)
+    with pytest.raises(CheckpointError, match="was trained on other data .*point the upstream"):
+        train(moved, log=quiet)
+
+
+def test_resume_with_an_empty_folder_starts_afresh_and_a_finished_run_stays_finished(
+    tiny, tmp_path
+):
+    logs = []
+    cfg = tiny(checkpoint_dir=tmp_path / "new", resume=True, max_steps=4)
+    r = train(cfg, log=logs.append)
+    assert logs[0] == f"[e=1] no checkpoint in {tmp_path / 'new'} yet: starting from the beginning"
+    assert r.steps == 4
+    again = train(cfg, log=quiet)  # resumes at its limit: no further step
+    assert again.steps == 4 and again.losses == r.losses
+
+
+# --- the language model ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not (DEFAULT_PACKAGE_DIR / "data" / "Rdata.rdx").is_file(),
+                    reason="janeaustenr not installed (apt-get install r-cran-janeaustenr)")  # fmt: skip
+def test_char_lm_learns_and_reaches_a_loss_target():
+    cfg = TrainConfig(workload="char-lm", seq_len=16, batch_size=16, budget=960, eval_every=320,
+                      eval_examples=64, echo_factor=2, num_workers=0, target_loss=3.3)  # fmt: skip
+    r = train(cfg, log=quiet)
+    assert [list(row)[3] for row in r.history] == ["val_loss"] * len(r.history)
+    assert r.reached_target is True and r.history[-1]["val_loss"] <= 3.3
+    assert r.test_accuracy is None and r.val_loss == r.test_loss < 4.4  # below ln(82)
+    assert r.losses[-1] < r.losses[0]
+
+
+def test_measure_step_seconds_is_a_positive_duration_and_restores_threads():
+    torch.set_num_threads(2)
     assert 0 < measure_step_seconds(batch_size=16, steps=3) < 5
+    assert 0 < measure_step_seconds(batch_size=4, steps=2, workload="char-lm", seq_len=16) < 5
+    assert torch.get_num_threads() == 2

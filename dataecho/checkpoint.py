@@ -1,0 +1,145 @@
+"""Training checkpoints: written atomically, read back with ``torch.load(weights_only=True)``.
+
+    path = save_checkpoint("ckpt/", state, step=1200, keep=2)   # ckpt/step-00001200.pt
+    path = latest_checkpoint("ckpt/")                             # None when there is none yet
+    state = load_checkpoint(path)
+
+Atomic: the state is written to a temp file in the same folder, flushed and fsynced, renamed
+over the final name (``os.replace``, atomic on POSIX), and then the folder itself is fsynced.
+A crash or ``kill -9`` at any point leaves the earlier checkpoints and either the whole new one
+or none of it: never a torn file under a checkpoint's name. A killed writer's temp file is
+never read and the next save removes it.
+
+Safe to load: a state may hold only tensors and plain containers and scalars (dict, list,
+tuple, str, int, float, bool, None), which :func:`save_checkpoint` checks *before* writing, so
+every checkpoint loads with ``weights_only=True`` (no pickled code runs on load).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dataecho import _validate
+
+FORMAT = "dataecho-train-checkpoint"
+VERSION = 1
+_NAME = re.compile(r"step-(\d+)\.pt")
+_TMP_PREFIX = ".tmp-"
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.Size)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used here; the message says which file and why."""
+
+
+def save_checkpoint(
+    directory: str | Path, state: dict[str, Any], *, step: int, keep: int = 2
+) -> Path:
+    """Write ``state`` as ``directory/step-NNNNNNNN.pt`` atomically; keep the ``keep`` newest.
+
+    The format marker and version are added here. Returns the checkpoint's path.
+    """
+    step = _validate.non_negative_int(step, name="step")
+    keep = _validate.positive_int(keep, name="keep", hint="how many checkpoints to keep")
+    _check_plain(state, "state")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(_TMP_PREFIX + "*"):  # a killed writer's leftovers
+        stale.unlink(missing_ok=True)
+    final = directory / f"step-{step:08d}.pt"
+    tmp = directory / f"{_TMP_PREFIX}{final.name}.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(directory)  # the rename itself survives a power cut only once the folder is synced
+    for _, old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every checkpoint in ``directory``, oldest first (none: ``[]``)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The checkpoint of the highest step in ``directory``, or None when there is none."""
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The state saved at ``path``, loaded with ``weights_only=True`` onto the CPU."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint not found: {path}") from None
+    except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
+        # Only the first line: torch's advice to retry with weights_only=False is not for us.
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise CheckpointError(
+            f"{path}: cannot be read as a checkpoint ({type(err).__name__}: {first}); it is "
+            "damaged or not a checkpoint: delete it to resume from the one before"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a dataecho training checkpoint")
+    if state.get("version") != VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint version {state.get('version')!r}, this dataecho reads "
+            f"version {VERSION}; resume with the dataecho that wrote it, or start afresh"
+        )
+    return state
+
+
+def check_same(
+    saved: dict[str, Any], current: dict[str, Any], keys: Iterable[str], path: str | Path
+) -> None:
+    """Raise :class:`CheckpointError` listing each of ``keys`` whose value differs."""
+    diff = [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}"
+            for k in keys if saved.get(k) != current.get(k)]  # fmt: skip
+    if diff:
+        raise CheckpointError(
+            f"{path} was written by a run with other settings ({'; '.join(diff)}); resuming "
+            "would not continue that run: use its settings, or another checkpoint folder"
+        )
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Refuse what ``weights_only=True`` could not load, naming where it sits in the state."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{where}: key {k!r} of type {type(k).__name__}; use str or int")
+            _check_plain(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise TypeError(
+            f"{where} is a {type(value).__name__}, which torch.load(weights_only=True) cannot "
+            "load; store tensors, numbers, strings, lists and dicts only"
+        )
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,192 @@
+"""TrainConfig: per-workload defaults, every check's message, TOML files, flag overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dataecho.config import (
+    CLI_TARGETS,
+    WORKLOAD_DEFAULTS,
+    ConfigError,
+    TrainConfig,
+    config_from,
+    flag,
+    options,
+    read_toml,
+)
+from dataecho.sources.austen import DEFAULT_PACKAGE_DIR
+from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR
+
+
+@pytest.mark.parametrize("workload", ["cnn", "char-lm"])
+def test_none_means_the_workloads_default(workload):
+    cfg = TrainConfig(workload=workload)
+    for key, value in WORKLOAD_DEFAULTS[workload].items():
+        assert getattr(cfg, key) == value, key
+    assert cfg.data_dir == (DEFAULT_DATA_DIR if workload == "cnn" else DEFAULT_PACKAGE_DIR)
+    assert cfg.target is None and cfg.name == "e=1"
+
+
+def test_given_values_are_kept_and_normalised():
+    cfg = TrainConfig(batch_size=7, lr=1, echo_factor=3, data_dir="some/dir", checkpoint_dir="ck")
+    assert cfg.batch_size == 7 and cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    assert cfg.echo_factor == 3.0 and cfg.name == "e=3"
+    assert cfg.data_dir == Path("some/dir") and cfg.checkpoint_dir == Path("ck")
+    assert TrainConfig(echo_factor="auto").name == "auto"
+    assert TrainConfig(upstream="memory").upstream is None
+    assert TrainConfig(workload="char-lm", target_loss=2).target == 2.0
+
+
+def test_to_dict_is_plain_and_rebuilds_the_same_config():
+    cfg = TrainConfig(echo_factor="auto", checkpoint_dir=Path("ck"), upstream="http://h:1")
+    plain = cfg.to_dict()
+    assert plain["checkpoint_dir"] == "ck" and plain["echo_factor"] == "auto"
+    assert all(isinstance(v, (str, int, float, bool, type(None))) for v in plain.values())
+    assert TrainConfig(**plain) == cfg
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"budget": 0}, ValueError, "budget must be >= 1 or 'default', got 0"),
+        ({"threads": 0}, ValueError, "threads must be >= 1, got 0"),
+        ({"threads": 1.5}, TypeError, "threads must be an integer >= 1, got 1.5"),
+        ({"shuffle_buffer": -1}, ValueError, "shuffle_buffer must be >= 0, got -1"),
+        ({"echo_factor": 0.5}, ValueError, "echo_factor must be >= 1"),
+        ({"echo_factor": "twice"}, TypeError, 'or "auto"'),
+        ({"where": "middle"}, ValueError, "where must be one of 'before_augment'"),
+        ({"workload": "gpt"}, ValueError, "workload must be one of 'cnn', 'char-lm', got 'gpt'"),
+        ({"lr": 0}, ValueError, "lr must be a finite number > 0 or 'default', got 0"),
+        ({"momentum": 1.0}, ValueError, r"momentum must be a number in \[0, 1\), got 1.0"),
+        ({"target_accuracy": 1.2}, ValueError, r"target_accuracy must be a number in \(0, 1\]"),
+        ({"read_delay": float("inf")}, ValueError, "read_delay must be a finite number >= 0"),
+        ({"resume": 1}, TypeError, "resume must be true or false, got 1"),
+        ({"upstream": "ftp://host/x"}, ValueError, "upstream must be 'memory', http://HOST"),
+        ({"upstream": "http:///nohost"}, ValueError, "got 'http:///nohost'"),
+        ({"resume": True}, ValueError, "resume=True needs checkpoint_dir"),
+        ({"target_loss": 2.0}, ValueError, "target_loss=2.0 does not apply to workload='cnn'"),
+        (
+            {"upstream": "shards/", "read_delay": 0.001},
+            ValueError,
+            "read_delay=0.001 applies to the in-memory upstream only",
+        ),
+    ],
+)
+def test_bad_values_name_the_key_the_value_and_the_range(changes, error, message):
+    with pytest.raises(error, match=message):
+        TrainConfig(**changes)
+
+
+def test_target_accuracy_does_not_apply_to_the_language_model():
+    with pytest.raises(ValueError, match="set target_loss instead"):
+        TrainConfig(workload="char-lm", target_accuracy=0.8)
+
+
+def test_every_option_has_a_check_a_group_and_help():
+    for f in options():
+        assert {"check", "group", "help"} <= set(f.metadata), f.name
+        assert len(f.metadata["help"]) > 10, f.name
+    assert flag("echo_factor") == "--echo-factor"
+
+
+def test_toml_keys_as_flags_or_fields_and_flags_override(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(
+        'workload = "cnn"\necho-factor = 4\nshuffle_buffer = 1280\nupstream = "shards/"\n'
+        'target-accuracy = 0.8\nresume = false\ncheckpoint-dir = "ck"\n'
+    )
+    assert read_toml(path)["echo_factor"] == 4
+    cfg = config_from(path, {"echo_factor": "auto", "batch_size": "64", "resume": True})
+    assert cfg.echo_factor == "auto" and cfg.shuffle_buffer == 1280 and cfg.batch_size == 64
+    assert cfg.upstream == "shards/" and cfg.target_accuracy == 0.8 and cfg.resume is True
+    assert cfg.checkpoint_dir == Path("ck")
+
+
+def test_unknown_toml_key_suggests_the_closest(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("echo_factr = 2\n")
+    with pytest.raises(ConfigError, match=r"run.toml: unknown key 'echo_factr'; did you mean"):
+        config_from(path)
+    path.write_text("zzz = 2\n")
+    with pytest.raises(ConfigError, match="valid keys: workload, data_dir"):
+        config_from(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("budget = 0", "run.toml: key 'budget': budget must be >= 1 or 'default', got 0"),
+        ('budget = "lots"', "key 'budget': must be an integer >= 1, got 'lots'"),
+        ("momentum = 1.5", r"key 'momentum': momentum must be a number in \[0, 1\), got 1.5"),
+        ('where = "mid"', "key 'where': where must be one of"),
+        ("progress = 1", "key 'progress': progress must be true or false, got 1"),
+        ("budget = ", "not a readable TOML file"),
+    ],
+)
+def test_bad_toml_values_name_the_file_key_value_and_range(tmp_path, text, message):
+    path = tmp_path / "run.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=message):
+        config_from(path)
+
+
+def test_missing_config_file_and_bad_flags(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found: .*nope.toml"):
+        config_from(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="--budget: budget must be >= 1 or 'default', got 0"):
+        config_from(None, {"budget": "0"})
+    with pytest.raises(ConfigError, match="--echo-factor: must be a number >= 1 or 'auto'"):
+        config_from(None, {"echo_factor": "lots"})
+    with pytest.raises(ConfigError, match="target_loss=2.0 does not apply"):
+        config_from(None, {"target_loss": "2"})
+
+
+def test_flag_text_off_none_auto_and_booleans():
+    cfg = config_from(None, {"max_steps": "off", "echo_factor": "auto", "stop_at_target": "no",
+                             "upstream": "memory", "budget": "60_000"})  # fmt: skip
+    assert cfg.max_steps is None and cfg.echo_factor == "auto" and cfg.stop_at_target is False
+    assert cfg.upstream is None and cfg.budget == 60_000
+    lm = config_from(None, {"workload": "char-lm", "batch_size": "default", "lr": "default"})
+    assert lm.batch_size == 32 and lm.lr == 3e-3
+    with pytest.raises(ConfigError, match="--max-steps: must be an integer >= 1, got 'default'"):
+        config_from(None, {"max_steps": "default"})  # for max_steps None means "no limit"
+
+
+@pytest.mark.parametrize("workload", ["cnn", "char-lm"])
+def test_cli_targets_apply_only_where_no_target_is_given(workload, tmp_path):
+    key, target = CLI_TARGETS[workload]
+    assert getattr(config_from(None, {"workload": workload}, cli_targets=True), key) == target
+    off = config_from(None, {"workload": workload, key: "off"}, cli_targets=True)
+    assert getattr(off, key) is None
+    path = tmp_path / "run.toml"
+    path.write_text(f'workload = "{workload}"\n{key} = 0.5\n')
+    assert getattr(config_from(path, cli_targets=True), key) == 0.5
+    assert getattr(config_from(None, {"workload": workload}), key) is None
+
+
+def test_defaults_rank_below_the_file_and_the_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("progress = false\n")
+    assert config_from(None, defaults={"progress": True}).progress is True
+    assert config_from(path, defaults={"progress": True}).progress is False
+    assert config_from(path, {"progress": True}, defaults={"progress": False}).progress is True
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.integers(1, 10_000),
+    buffer=st.integers(0, 10_000),
+    factor=st.one_of(st.just("auto"), st.floats(1, 16, allow_nan=False)),
+    lr=st.floats(1e-6, 10, allow_nan=False),
+)
+def test_flags_as_text_give_the_same_config_as_python_values(batch, buffer, factor, lr):
+    text = {"batch_size": str(batch), "shuffle_buffer": str(buffer), "echo_factor": str(factor),
+            "lr": repr(lr)}  # fmt: skip
+    want = TrainConfig(batch_size=batch, shuffle_buffer=buffer, echo_factor=factor, lr=lr)
+    assert config_from(None, text) == want
+    assert dataclasses.replace(want) == want
