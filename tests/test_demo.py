@@ -1,0 +1,173 @@
+"""``dataecho demo --quick`` end to end: shards, the real nginx on loopback, three runs, report."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dataecho.cli import main
+from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
+from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
+
+try:
+    find_nginx()
+    HAVE_NGINX = shutil.which("curl") is not None  # webdataset streams http:// through curl
+except NginxNotFoundError:
+    HAVE_NGINX = False
+needs_data = pytest.mark.skipif(
+    not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
+    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",
+)
+needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx or curl missing ({INSTALL_HINT})")
+RUNS = ["no echo", "e=4", "auto"]
+
+
+def child_nginx() -> list[int]:
+    """nginx processes this test process started and that are still alive."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if b"nginx" in cmd and stat[0] != "Z" and int(stat[1]) == os.getpid():
+            pids.append(int(entry.name))
+    return pids
+
+
+def run_quick(tmp_path: Path, capsys, *flags: str) -> tuple[str, Path]:
+    argv = ["demo", "--quick", "--work-dir", str(tmp_path / "work"),
+            "--runs-dir", str(tmp_path / "runs"), *flags]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert {p.name for p in folder.iterdir()} >= {"report.md", "metrics.csv", "curves.png"}
+    assert f"report: {folder / 'report.md'}" in out
+    return out, folder
+
+
+def check_table_and_files(out: str, folder: Path) -> None:
+    table = out[out.index("    run  ") :].splitlines()
+    assert table[0].split()[:3] == ["run", "echo", "factor"]
+    assert [line.strip().split("  ")[0] for line in table[2:5]] == RUNS
+    assert table[2].split()[-2:] == ["1.00x", "1.00x"] or "missed" in table[2]
+    with (folder / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == RUNS  # --quick: one evaluation per run
+    assert all(int(r["fresh"]) >= 2_048 for r in rows)
+    with Image.open(folder / "curves.png") as img:
+        assert img.format == "PNG" and img.size[0] > 0
+    md = (folder / "report.md").read_text()
+    for name in RUNS:
+        assert f"| {name} |" in md
+
+
+@needs_data
+@needs_nginx
+@pytest.mark.timeout(150)
+def test_quick_demo_streams_from_nginx_and_writes_the_report(tmp_path, capsys):
+    out, folder = run_quick(tmp_path, capsys)
+    assert "nginx at http://127.0.0.1:" in out
+    assert "R = t_up / t_down = " in out
+    check_table_and_files(out, folder)
+    md = (folder / "report.md").read_text()
+    assert "EMULATION" not in md and "nginx at http://127.0.0.1:" in md
+    assert "R = t_up / t_down = " in md and "while the loader runs" in md
+    assert child_nginx() == []  # stopped after the runs
+
+
+@needs_data
+@pytest.mark.timeout(150)
+def test_emulated_demo_says_so_everywhere(tmp_path, capsys):
+    out, folder = run_quick(tmp_path, capsys, "--emulate")
+    assert "EMULATED storage" in out and "nginx at" not in out
+    check_table_and_files(out, folder)
+    md = (folder / "report.md").read_text()
+    assert md.startswith("# dataecho run report **(EMULATION")
+    assert "EMULATED storage (local files, no network)" in md
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--target", "1.5"], "--target: must be an accuracy in (0, 1], got '1.5'"),
+        (["--echo-factor", "0.5"], "--echo-factor: must be a finite number >= 1, got '0.5'"),
+        (["--bandwidth", "-3"], "--bandwidth: must be a finite number > 0, got '-3'"),
+    ],
+)
+def test_bad_options_are_usage_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", *flags])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (nginx, its workers, loader workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if stat[0] != "Z":
+            children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_data
+@needs_nginx
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_a_run_leaves_no_nginx_or_worker(tmp_path):
+    """As a user would: a separate process, SIGINT once the first run is training."""
+    argv = [sys.executable, "-m", "dataecho.cli", "demo", "--quick", "--budget", "40000",
+            "--work-dir", str(tmp_path / "work"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # A shell that starts jobs in the background ignores SIGINT; a user's terminal does not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.startswith("[no echo] upstream:"):  # nginx is up, the loader is streaming
+                break
+        time.sleep(1.0)
+        kids = descendants(proc.pid)
+        assert any(b"nginx" in Path(f"/proc/{k}/cmdline").read_bytes() for k in kids)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "dataecho demo: interrupted" in err
+    deadline = time.monotonic() + 10
+    while any(alive(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [k for k in kids if alive(k)] == []
+    assert not (tmp_path / "runs").exists()  # no half report

@@ -1,0 +1,159 @@
+"""The run report: table, CSV rows, Markdown, a real PNG; from synthetic and real results."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+
+import pytest
+from PIL import Image
+
+from dataecho.report import COLUMNS, LEADING_CSV, ReportMeta, format_table, summarize, write_report
+
+
+@dataclass(frozen=True)
+class Cfg:
+    name: str
+    echo_factor: float | str
+    where: str = "before_augment"
+    max_echo_factor: float = 8.0
+    target_accuracy: float | None = 0.85
+
+
+@dataclass
+class Result:
+    """The fields of dataecho.train.TrainResult that the report reads."""
+
+    config: Cfg
+    test_accuracy: float
+    fresh_examples: int
+    echoed_examples: int
+    steps: int
+    wall_seconds: float
+    wait_seconds: float
+    realized_factor: float
+    reached_target: bool
+    fresh_to_target: int | None
+    seconds_to_target: float | None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def curve(points, factor):
+    """History rows from (fresh, seconds, accuracy) points."""
+    return [
+        {"fresh": f, "steps": round(f * factor / 128), "seconds": s, "accuracy": a,
+         "train_loss": 1 - a, "realized_factor": factor, "stall": 0.5}
+        for f, s, a in points
+    ]  # fmt: skip
+
+
+def results():
+    base = Result(
+        Cfg("no echo", 1.0),
+        0.851,
+        60_000,
+        0,
+        468,
+        40.0,
+        30.0,
+        1.0,
+        True,
+        60_000,
+        40.0,
+        curve([(20_000, 13.0, 0.78), (40_000, 26.0, 0.83), (60_000, 40.0, 0.852)], 1.0),
+    )
+    fixed = Result(
+        Cfg("e=4", 4.0),
+        0.853,
+        20_000,
+        60_000,
+        625,
+        16.0,
+        3.0,
+        4.0,
+        True,
+        20_000,
+        16.0,
+        curve([(10_000, 8.0, 0.80), (20_000, 16.0, 0.855)], 4.0),
+    )
+    missed = Result(
+        Cfg("auto", "auto"),
+        0.70,
+        30_000,
+        15_000,
+        350,
+        20.0,
+        9.0,
+        1.5,
+        False,
+        None,
+        None,
+        curve([(30_000, 20.0, 0.70)], 1.5),
+    )
+    return [base, fixed, missed]
+
+
+META = ReportMeta(
+    command="dataecho demo --quick",
+    machine="2 cores",
+    upstream="nginx at http://127.0.0.1:1",
+    ratio=4.1,
+    bandwidth_bytes_per_s=3.5e6,
+    load="load average 1.0",
+    notes=("calibration: one step 20 ms",),
+)
+
+
+def test_summary_takes_speedups_against_the_run_without_echo():
+    base, fixed, missed = summarize(results())
+    assert (base.speedup_wall, base.speedup_fresh) == (1.0, 1.0)
+    assert fixed.speedup_wall == pytest.approx(40 / 16) and fixed.speedup_fresh == 3.0
+    assert missed.speedup_wall is None and missed.speedup_fresh is None
+    assert fixed.stall == pytest.approx(3 / 16) and missed.echo == "auto<=8"
+    assert base.where == "-" and fixed.where == "before_augment"
+
+
+def test_table_has_one_aligned_line_per_run():
+    lines = format_table(results()).splitlines()
+    assert len(lines) == 2 + 3 and set(lines[1]) <= {"-", " "}
+    assert len({len(line) for line in lines}) == 1  # aligned
+    assert lines[3].split()[:2] == ["e=4", "4"]
+    assert lines[3].split()[-2:] == ["2.50x", "3.00x"]
+    assert lines[4].split()[3:5] == ["missed", "missed"] and lines[4].split()[-2:] == ["-", "-"]
+
+
+def test_files_hold_every_evaluation_the_table_and_a_real_image(tmp_path):
+    out = write_report(results(), tmp_path / "run", meta=META)
+    assert out == tmp_path / "run"
+
+    with (out / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[: len(LEADING_CSV)] == list(LEADING_CSV)
+    assert {"fresh", "steps", "seconds", "accuracy", "train_loss", "stall"} <= set(rows[0])
+    assert [r["run"] for r in rows] == ["no echo"] * 3 + ["e=4"] * 2 + ["auto"]
+    assert [float(r["accuracy"]) for r in rows[3:5]] == [0.80, 0.855]
+
+    md = (out / "report.md").read_text()
+    assert "`dataecho demo --quick`" in md and "R = t_up / t_down = 4.10 (measured by" in md
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert table[0] == "| " + " | ".join(COLUMNS) + " |"
+    cells = [c.strip() for c in table[3].strip("|").split("|")]
+    assert cells[0] == "e=4" and cells[3] == "16.0" and cells[4] == "20,000"
+    assert cells[-2:] == ["2.50x", "3.00x"]
+    # At 20,000 fresh examples the baseline's evaluation said 0.78: echoing is not behind.
+    assert "0.8550 against 0.7800" in md and "+7.50 points" in md
+    assert "EMULATION" not in md
+
+    with Image.open(out / "curves.png") as img:
+        img.verify()
+    with Image.open(out / "curves.png") as img:
+        assert img.format == "PNG" and img.size[0] > 500 and img.size[1] > 200
+
+
+def test_emulated_numbers_are_labelled_and_empty_input_is_refused(tmp_path):
+    emulated = ReportMeta(command="dataecho demo --emulate", emulated=True)
+    md = (write_report(results()[:2], tmp_path, meta=emulated) / "report.md").read_text()
+    assert md.splitlines()[0].startswith("# dataecho run report **(EMULATION")
+    assert "EMULATION, not a real server" in md
+    with pytest.raises(ValueError, match="no results"):
+        write_report([], tmp_path, meta=emulated)
