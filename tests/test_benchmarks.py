@@ -24,8 +24,8 @@ TINY = adaptive.Settings(
     ratios=(2,), factors=(2,), auto_wheres=("batch",), duration=0.6, warmup=0.2, rounds=2
 )
 NOT_APPLICABLE = {  # cells that are "-" by definition
-    "upstream alone": {"step ms", "step cpu ms", "efficiency", "targets"},
-    "no echo": {"efficiency", "targets"},
+    "upstream alone": {"R seen", "step ms", "step cpu ms", "efficiency", "eff. seen", "targets"},
+    "no echo": {"efficiency", "eff. seen", "targets"},
 }
 
 

@@ -465,3 +465,21 @@ def test_auto_arguments_are_checked():
         EchoingDataLoader(Numbers(4), batch_size=2, echo_factor="auto", reuse_policy="newest")
     with pytest.raises(TypeError, match="auto"):
         EchoingDataLoader(Numbers(4), batch_size=2, echo_factor="automatic")
+
+
+@pytest.mark.timeout(120)
+def test_batch_auto_counts_fresh_examples_when_the_step_gets_them():
+    # The reader thread reads batches ahead; they count as fresh only once handed out.
+    loader = EchoingDataLoader(
+        Numbers(400), batch_size=8, echo_factor="auto", where="batch", num_workers=1, seed=0
+    )
+    it = iter(loader)
+    handed = []
+    for _ in range(5):
+        handed.append(next(it))
+        time.sleep(0.05)  # a slow step: the reader runs ahead meanwhile
+        assert loader.stats.fresh_examples <= loader.stats.examples_out
+    assert loader.stats.realized_factor >= 1.0
+    rest = list(it)
+    assert loader.stats.fresh_examples == 400
+    assert set(labels_of(handed + rest)) == set(range(400))

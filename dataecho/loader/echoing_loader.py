@@ -14,6 +14,7 @@ batch echoing runs in the main process on the batches the workers deliver.
 
 from __future__ import annotations
 
+import collections
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -42,15 +43,26 @@ _NOT_ALLOWED = ("sampler", "batch_sampler", "persistent_workers")
 
 
 class _WorkersNode(BaseNode[Any]):
-    """The inner StatefulDataLoader as a node: yields batches, counts their fresh examples."""
+    """The inner StatefulDataLoader as a node: yields batches, counts their fresh examples.
+
+    With ``deferred``, an adaptive stage's reader thread pulls batches ahead of the consumer:
+    their fresh counts wait in ``pending`` until :meth:`settle` is told those batches reached it.
+    """
 
     def __init__(
-        self, loader: StatefulDataLoader, pipeline: PipelineDataset, stats: EchoStats
+        self,
+        loader: StatefulDataLoader,
+        pipeline: PipelineDataset,
+        stats: EchoStats,
+        *,
+        deferred: bool = False,
     ) -> None:
         super().__init__()
         self._loader = loader
         self._pipeline = pipeline
         self._stats = stats
+        self.deferred = deferred
+        self.pending: collections.deque[int] = collections.deque()
         self._it: Iterator[Any] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -59,11 +71,20 @@ class _WorkersNode(BaseNode[Any]):
         if initial_state is not None:
             self._loader.load_state_dict(initial_state)
         self._it = iter(self._loader)
+        self.pending.clear()  # a resume re-reads what was read ahead but not handed out
 
     def next(self) -> Any:
         batch, fresh = next(self._it)
-        self._stats.fresh_examples += fresh
+        if self.deferred:
+            self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
+        else:
+            self._stats.fresh_examples += fresh
         return batch
+
+    def settle(self, batches: int) -> None:
+        """``batches`` read-ahead batches reached the consumer: count their fresh examples."""
+        for _ in range(batches):
+            self._stats.fresh_examples += self.pending.popleft()
 
     def get_state(self) -> dict[str, Any]:
         return self._loader.state_dict()
@@ -184,25 +205,28 @@ class EchoingDataLoader:
             self._epoch += 1
         self._pipeline.epoch = self._epoch
         self._pipeline.seed = self.seed
-        root = self._build_root()
+        root, workers, reader = self._build_root()
         root.reset(resume)
-        self._iterator = _EpochIterator(self, root)
+        self._iterator = _EpochIterator(self, root, workers, reader)
         return self._iterator
 
-    def _build_root(self) -> BaseNode[Any]:
-        workers = _WorkersNode(self._inner, self._pipeline, self.stats)
+    def _build_root(self) -> tuple[BaseNode[Any], _WorkersNode, Any]:
+        """The main-process chain, its workers node, and the adaptive stage reading ahead."""
         opts = self.options
+        batch_auto = opts.where == "batch" and opts.adaptive
+        workers = _WorkersNode(self._inner, self._pipeline, self.stats, deferred=batch_auto)
         if opts.where != "batch":
-            return workers
+            return workers, workers, None
         node: BaseNode[Any] = workers
         key = (self._epoch, _MAIN_PROCESS)
         if opts.echoes:
             node = echo_stage(node, opts, derive_seed(self.seed, *key, STAGE_ECHO))
+        reader = node if batch_auto else None
         if opts.shuffle_buffer > 1:
             node = Shuffle(
                 node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE)
             )
-        return node
+        return node, workers, reader
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly here: epoch, pipeline positions, RNGs, counts."""
@@ -248,10 +272,19 @@ class EchoingDataLoader:
 class _EpochIterator:
     """One epoch's iterator: times the consumer's waits and counts what it hands out."""
 
-    def __init__(self, loader: EchoingDataLoader, root: BaseNode[Any]) -> None:
+    def __init__(
+        self,
+        loader: EchoingDataLoader,
+        root: BaseNode[Any],
+        workers: _WorkersNode,
+        reader: Any,
+    ) -> None:
         self.loader = loader
         self.root = root
         self.finished = False
+        self._workers = workers
+        self._reader = reader  # the adaptive stage whose fresh emissions settle the counts
+        self._settled = reader.stats.fresh_examples if reader is not None else 0
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -274,6 +307,10 @@ class _EpochIterator:
             raise
         finally:
             stats.wait_seconds += time.perf_counter() - start
+        if self._reader is not None:
+            handed = self._reader.stats.fresh_examples
+            self._workers.settle(handed - self._settled)
+            self._settled = handed
         stats.batches += 1
         stats.examples_out += batch_length(batch)
         return batch

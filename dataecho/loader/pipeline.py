@@ -143,6 +143,9 @@ def echo_stage(source: BaseNode[Any], opts: LoaderOptions, seed: int) -> BaseNod
             policy=opts.reuse_policy,
             seed=seed,
             copy=opts.copy,
+            # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
+            # make it reuse while fresh examples are on their way, and hold the reader back.
+            queue_size=16 if opts.where == "batch" else max(16, 2 * opts.batch_size),
         )
     return Echo(source, opts.echo_factor, seed=seed, copy=opts.copy)
 

@@ -1,0 +1,46 @@
+"""``python -m benchmarks <name> [args]``: run one benchmark; without a name, list them.
+
+A benchmark is a module in this package with a ``main(argv: list[str]) -> int``; add it to
+``BENCHMARKS`` with a one-line description. Modules are imported only when run, so listing
+stays fast and one benchmark's imports never slow another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "adaptive": (
+        "benchmarks.adaptive",
+        "adaptive echoing (issue 3): no echo vs fixed e vs auto at R = 1, 2, 4, 8",
+    ),
+}
+
+
+def usage() -> str:
+    width = max(len(name) for name in BENCHMARKS)
+    lines = ["usage: python -m benchmarks <name> [args]   (<name> --help for its options)", ""]
+    lines.append("benchmarks:")
+    lines += [f"  {name.ljust(width)}  {about}" for name, (_, about) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "list"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in BENCHMARKS:
+        print(
+            f"unknown benchmark {name!r}; choose one of: {', '.join(BENCHMARKS)}\n\n{usage()}",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(BENCHMARKS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

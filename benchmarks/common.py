@@ -1,0 +1,242 @@
+"""Shared pieces of the benchmarks: data, a paced upstream, the training step, threads, runner.
+
+- :class:`SyntheticImages`, :class:`PacedImages`, :func:`paced_upstream`: Fashion-MNIST-shaped
+  examples behind a storage emulation whose reads *sleep*, as a network or disk read does:
+  time passes, the CPU stays free for the training step.
+- :class:`TrainStep`: one real SGD step of :class:`dataecho.workloads.cnn.SmallCNN`.
+- :func:`pin_threads`: torch thread settings, so the step and the upstream do not fight over
+  the cores.
+- :func:`interleaved`: run every case once per round, A B C ... A B C ..., so slow drift of the
+  machine (other jobs, thermal state) hits every case alike instead of the last ones.
+- :func:`markdown_table`, :func:`machine_summary`, :func:`replace_block`: reporting.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from dataecho.workloads.cnn import SmallCNN
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "benchmarks.md"
+IMAGE_SHAPE = (1, 28, 28)
+
+
+class SyntheticImages(Dataset):
+    """``length`` examples shaped like Fashion-MNIST: (uint8 tensor (1, 28, 28), int label).
+
+    The pixels come from a pool of ``pool`` random images, so any length costs no memory;
+    a benchmark of throughput needs the shapes and the per-read work, not real pictures.
+    """
+
+    def __init__(self, length: int, *, pool: int = 1024, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.length = int(length)
+        self._images = rng.integers(0, 256, size=(pool, *IMAGE_SHAPE), dtype=np.uint8)
+        self._labels = rng.integers(0, 10, size=pool).tolist()
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        j = index % len(self._labels)
+        # A copy: the worker sends it to another process; a view would pin the whole pool.
+        return torch.from_numpy(self._images[j].copy()), self._labels[j]
+
+
+class PacedImages(SyntheticImages):
+    """:class:`SyntheticImages` read at ``delay`` seconds per example, by *sleeping*.
+
+    The sleep emulates storage or network latency: time passes, the CPU stays free for the
+    training step. The pace is kept on a clock, so sleep overshoots are paid back on the next
+    read, and a reader that was descheduled for up to ``slack`` seconds catches up at once, as
+    if the storage had kept reading ahead meanwhile. On a loaded 2-core machine that keeps the
+    upstream's rate the one asked for, rather than one that depends on when the worker
+    process gets a core. (``dataecho.sources.throttled.Throttled`` is the same with 1 ms slack.)
+    """
+
+    def __init__(self, length: int, *, delay: float, slack: float) -> None:
+        super().__init__(length)
+        self.delay, self.slack = float(delay), float(slack)
+        self._due = -math.inf  # when the previous read was due (perf_counter clock)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        now = time.perf_counter()
+        due = max(self._due, now - self.slack) + self.delay
+        if due > now:
+            time.sleep(due - now)
+        self._due = due
+        return super().__getitem__(index)
+
+
+def paced_upstream(batch_seconds: float, batch_size: int, length: int) -> PacedImages:
+    """An upstream that delivers one batch of examples per ``batch_seconds``, by sleeping.
+
+    Slack: one batch period (see :class:`PacedImages`).
+    """
+    return PacedImages(length, delay=batch_seconds / batch_size, slack=batch_seconds)
+
+
+class TrainStep:
+    """One real training step: SmallCNN forward, cross-entropy, backward, SGD with momentum."""
+
+    def __init__(self, seed: int = 0, lr: float = 0.01) -> None:
+        torch.manual_seed(seed)
+        self.model = SmallCNN()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> float:
+        """Take one step; return the seconds it took."""
+        start = time.perf_counter()
+        loss = F.cross_entropy(self.model(images), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return time.perf_counter() - start
+
+    def measure(self, batch_size: int, steps: int = 30, warmup: int = 5) -> float:
+        """t_down: median seconds per step on a synthetic batch, after ``warmup`` steps."""
+        x = torch.randn(batch_size, *IMAGE_SHAPE)
+        y = torch.randint(0, 10, (batch_size,))
+        times = [self(x, y) for _ in range(warmup + steps)]
+        return statistics.median(times[warmup:])
+
+
+def pin_threads(threads: int = 1) -> str:
+    """Run torch ops of this process on ``threads`` threads; return a description.
+
+    On 2 cores the step gets one (intra-op) thread and the loader worker the other core;
+    DataLoader workers already run torch with 1 thread each. Inter-op threads are set to 1 too
+    where torch still allows it (only before the first parallel work of the process).
+    """
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already started: keep what it is
+        pass
+    return (
+        f"torch intra-op threads {torch.get_num_threads()}, inter-op "
+        f"{torch.get_num_interop_threads()} in the training process; 1 in the loader worker"
+    )
+
+
+def interleaved(
+    cases: Sequence[K],
+    rounds: int,
+    run: Callable[[K], V],
+    log: Callable[[str], None] | None = None,
+    describe: Callable[[K], str] = str,
+) -> dict[K, list[V]]:
+    """``run`` every case once per round, in the order given (A B C ... A B C ...)."""
+    results: dict[K, list[V]] = {case: [] for case in cases}
+    for r in range(rounds):
+        for i, case in enumerate(cases):
+            if log is not None:
+                log(f"[round {r + 1}/{rounds}, case {i + 1}/{len(cases)}] {describe(case)}")
+            results[case].append(run(case))
+    return results
+
+
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None
+) -> str:
+    """A Markdown table; ``align`` has one "l" or "r" per column (default: first "l", rest "r")."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        parts = [
+            c.ljust(w) if a == "l" else c.rjust(w)
+            for c, w, a in zip(row, widths, align, strict=True)
+        ]
+        return "| " + " | ".join(parts) + " |"
+
+    rule = [
+        "-" * w if a == "l" else "-" * (w - 1) + ":" for w, a in zip(widths, align, strict=True)
+    ]
+    head = [line(cells[0]), "| " + " | ".join(rule) + " |"]
+    return "\n".join(head + [line(r) for r in cells[1:]])
+
+
+def machine_summary() -> dict[str, str]:
+    """Where and when a benchmark ran: CPU, cores usable, torch, Python, load, date."""
+    model = platform.processor() or platform.machine()
+    try:
+        for text in Path("/proc/cpuinfo").read_text().splitlines():
+            if text.startswith("model name"):
+                model = text.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu": f"{model}, {cores} cores usable",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load": load_average(),
+    }
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds used so far by this process's live child processes (the loader workers).
+
+    Read from ``/proc`` (Linux); NaN where that is not available.
+    """
+    pids: list[str] = []
+    try:
+        for path in Path("/proc/self/task").glob("*/children"):
+            pids += path.read_text().split()
+    except OSError:
+        return math.nan
+    ticks = 0
+    for pid in pids:
+        try:  # fields after the command name: state is 0, utime 11, stime 12
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        ticks += int(stat[11]) + int(stat[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as ``uptime`` prints them."""
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def replace_block(path: Path, heading: str, name: str, body: str, preamble: str) -> None:
+    """Put ``body`` between the ``name`` markers under ``## heading`` in ``path``.
+
+    Only the marked block is replaced on a rerun; notes written by hand elsewhere in the
+    section stay. A missing file starts with ``preamble``; a missing section is appended.
+    """
+    begin, end = f"<!-- {name}:begin (generated) -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    text = path.read_text() if path.exists() else preamble.rstrip() + "\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + f"\n\n## {heading}\n\n{block}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
