@@ -40,7 +40,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix dataecho tests benchmarks
 
 bench: $(STAMP) system-packages
-	$(BIN)/python -m benchmarks all
+	$(BIN)/python -m benchmarks adaptive
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
