@@ -16,15 +16,14 @@ import math
 import numbers
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
 from dataecho import _validate
+from dataecho.stages.stats import batch_length
 
 T = TypeVar("T")
 
@@ -264,20 +263,4 @@ def _read_stats(source: object) -> tuple[float, float, float | None] | None:
     return float(counts[0]), float(counts[1]), wait
 
 
-def _batch_len(batch: Any) -> int:
-    """Examples in a batch: dim 0 of a tensor/array or of the first field of a collated
-    ``(x, y)`` / ``{"x": ...}``; else the length of a list of examples; else 1.
-
-    A list of uncollated example tensors reads as a collated ``[x, y]``: pass ``batch_size``.
-    """
-    if isinstance(batch, (torch.Tensor, np.ndarray)):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, Mapping):
-        return _batch_len(next(iter(batch.values()))) if batch else 0
-    if isinstance(batch, (list, tuple)):
-        if not batch:
-            return 0
-        first = batch[0]
-        collated = isinstance(first, (torch.Tensor, np.ndarray)) and first.ndim > 0
-        return int(first.shape[0]) if collated else len(batch)
-    return 1
+_batch_len = batch_length  # the loader counts examples the same way

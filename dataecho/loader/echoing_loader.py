@@ -29,13 +29,13 @@ from dataecho import _validate
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.pipeline import (
     PipelineDataset,
-    batch_length,
     close_chain,
     echo_stage,
     unwrap_identity,
 )
 from dataecho.stages import EchoStats, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE, derive_seed, resolve_seed
+from dataecho.stages.stats import batch_length
 
 # Worker ids are 0..num_workers-1; the main process's batch stages use a key no worker has.
 _MAIN_PROCESS = 1 << 20

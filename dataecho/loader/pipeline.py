@@ -11,7 +11,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
 
@@ -164,18 +163,3 @@ def close_chain(node: Any) -> None:
 def unwrap_identity(item: Any) -> Any:
     """The inner DataLoader's collate: batches are already collated by the pipeline."""
     return item
-
-
-def batch_length(batch: Any) -> int:
-    """Examples in a collated batch: the leading size of its first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict) and batch:
-        return batch_length(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        return (
-            batch_length(batch[0])
-            if isinstance(batch[0], (torch.Tensor, dict, list, tuple))
-            else len(batch)
-        )
-    return len(batch) if hasattr(batch, "__len__") else 1

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
 
 
 @dataclass
@@ -49,3 +54,23 @@ class EchoStats:
             "realized_factor": self.realized_factor,
             "echoed_examples": self.echoed_examples,
         }
+
+
+def batch_length(batch: Any) -> int:
+    """Examples in a batch: dim 0 of a tensor/array, or of the first such field of a collated
+    ``(x, y)`` / ``{"x": ...}``; else the length of a list of examples; a scalar counts 1.
+
+    A list of uncollated example tensors reads as a collated ``[x, y]``: callers that know the
+    batch size should say so.
+    """
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return int(batch.shape[0]) if batch.ndim else 1
+    fields_ = list(batch.values()) if isinstance(batch, Mapping) else batch
+    if isinstance(batch, (Mapping, list, tuple)):
+        for value in fields_:  # a collated field: (strings, labels) counts the labels
+            if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 0:
+                return int(value.shape[0])
+        if isinstance(batch, Mapping):
+            return batch_length(fields_[0]) if fields_ else 0
+        return len(batch)
+    return 1
