@@ -169,6 +169,31 @@ def _run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- reproduce --------------------------------------------------------------------------------
+
+
+def _add_reproduce(p: argparse.ArgumentParser) -> None:
+    from dataecho.reproduce import EXPERIMENTS
+
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS),
+                   help="; ".join(f"{k}: {v}" for k, v in EXPERIMENTS.items()))  # fmt: skip
+    p.add_argument("--quick", action="store_true",
+                   help="a small version that finishes in under 2 minutes")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="where the tables and plots go (default: reproduce-EXPERIMENT)")  # fmt: skip
+    p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N",
+                   help="base seed of every trial (default: %(default)s)")  # fmt: skip
+
+
+def _run_reproduce(args: argparse.Namespace) -> int:
+    from dataecho.reproduce import run
+
+    out = args.out or Path(f"reproduce-{args.experiment}")
+    summary = run(args.experiment, out, quick=args.quick, seed=args.seed)
+    print(f"results: {summary} (CSV and PNG files next to it)")
+    return 0
+
+
 COMMANDS = [
     Command("demo", "train on shards served by nginx with and without echoing; write a report",
             demo.add_demo_arguments, demo.run_demo),
@@ -178,6 +203,8 @@ COMMANDS = [
             _add_prepare, _run_prepare),
     Command("train", "train a model through the echoing loader from an upstream of your choice",
             _add_train, _run_train),
+    Command("reproduce", "re-run a paper's experiments at small scale; write tables and plots",
+            _add_reproduce, _run_reproduce),
 ]  # fmt: skip
 
 
@@ -239,6 +266,16 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
 
 
