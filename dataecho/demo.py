@@ -216,7 +216,8 @@ def _measure(url: str, plan: Plan, seed: int) -> ProfileReport:
     cfg = TrainConfig(upstream=url, batch_size=plan.batch_size, seed=seed)
     data = build_data(cfg)
     loader = EchoingDataLoader(data.train, batch_size=plan.batch_size, transform=data.transform,
-                               num_workers=WORKERS, seed=seed, drop_last=True)  # fmt: skip
+                               batch_transform=data.batch_transform, num_workers=WORKERS,
+                               seed=seed, drop_last=True)  # fmt: skip
     torch.set_num_threads(THREADS)
     model = SmallCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

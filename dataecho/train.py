@@ -64,6 +64,7 @@ from dataecho.checkpoint import (
     save_checkpoint,
 )
 from dataecho.config import TrainConfig
+from dataecho.distributed.group import in_torchrun
 from dataecho.loader import EchoingDataLoader
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
@@ -138,6 +139,10 @@ class _Run:
 def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
     """Train as ``config`` says; log one line per evaluation. See the module docstring."""
     cfg = config
+    if cfg.nproc > 1 or in_torchrun():  # data parallel: dataecho.distributed
+        from dataecho.distributed import run_distributed
+
+        return run_distributed(cfg, log)
     with _torch_threads(cfg.threads):  # why 1: the module docstring's table
         torch.manual_seed(cfg.seed)  # the model's initial weights
         data = build_data(cfg)
@@ -210,6 +215,7 @@ def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
         where=cfg.where,
         shuffle_buffer=cfg.shuffle_buffer,
         transform=data.transform,
+        batch_transform=data.batch_transform,
         num_workers=cfg.num_workers,
         seed=cfg.seed,
         shuffle=True,

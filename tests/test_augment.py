@@ -99,11 +99,37 @@ def test_examples_keep_their_label_and_extra_fields():
     assert isinstance(out, tuple) and out[1:] == (3, "extra") and out[0].dtype == torch.float32
 
 
-def test_rejects_batches_and_oversized_pads():
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31), pad=st.integers(0, 3), size=st.integers(1, 9))
+def test_a_batch_augments_each_example_on_its_own(seed, pad, size):
+    images = random_image(seed, (size, 2, 9, 8))
+    labels = torch.arange(size)
+    before = images.clone()
+    torch.manual_seed(seed)
+    out, out_labels = Augment(pad=pad)((images, labels))
+    assert out.shape == images.shape and out.dtype == torch.float32
+    assert torch.equal(out_labels, labels) and torch.equal(images, before)
+    for image, augmented in zip(images, out, strict=True):
+        assert match(augmented, reference_variants(image, pad))
+
+
+def test_a_batch_draws_independently_and_repeats_under_a_seed():
+    image = random_image(11)
+    batch = image.expand(400, -1, -1, -1)  # one image 400 times: the draws alone differ
+    variants = reference_variants(image, 2)
+    torch.manual_seed(12)
+    out = Augment(pad=2)(batch)
+    torch.manual_seed(12)
+    assert torch.equal(out, Augment(pad=2)(batch))
+    seen = {match(x, variants)[0] for x in out}
+    assert len(seen) >= 45  # 50 variants, 400 draws: a shared draw would give 1
+
+
+def test_rejects_other_shapes_and_oversized_pads():
     with pytest.raises(
-        ValueError, match=r"one image of shape \(C, H, W\), got shape \(2, 1, 28, 28\)"
+        ValueError, match=r"\(C, H, W\) or a batch \(B, C, H, W\), got shape \(28, 28\)"
     ):
-        Augment()(torch.zeros(2, 1, 28, 28, dtype=torch.uint8))
+        Augment()(torch.zeros(28, 28, dtype=torch.uint8))
     with pytest.raises(ValueError, match="pad=28 shifts the whole"):
         Augment(pad=28)(torch.zeros(1, 28, 28, dtype=torch.uint8))
     with pytest.raises(ValueError, match="pad must be >= 0"):

@@ -299,6 +299,69 @@ def test_copy_false_shares_the_objects():
     assert all(float(x[0]) == 2.0 for x, _ in source)
 
 
+def test_copies_stay_apart_under_a_custom_collate():
+    source = [(torch.zeros(3), i) for i in range(4)]
+    loader = EchoingDataLoader(source, batch_size=4, echo_factor=2, collate_fn=list)
+    for batch in loader:
+        # The batch is the examples themselves: the two copies of one must be two objects.
+        tensors = [x for x, _ in batch]
+        assert len({id(x) for x in tensors}) == len(tensors) == 4
+        for x in tensors:
+            x.add_(1)
+    assert all(torch.equal(x, torch.zeros(3)) for x, _ in source)
+
+
+def add_noise_to_batch(batch):
+    """A batch augmentation: one draw per example from torch's global RNG."""
+    xs, ys = batch
+    return xs + torch.rand(len(xs), 1), ys
+
+
+@pytest.mark.parametrize(("where", "num_workers"), [("before_augment", 0), ("before_augment", 1),
+                                                    ("batch", 0)])  # fmt: skip
+def test_batch_transform_augments_every_copy_on_its_own(where, num_workers):
+    def batches(seed):
+        loader = EchoingDataLoader(Numbers(24), batch_size=6, echo_factor=2, where=where,
+                                   shuffle_buffer=12 if where != "batch" else 0,
+                                   batch_transform=add_noise_to_batch, num_workers=num_workers,
+                                   seed=seed, shuffle=True)  # fmt: skip
+        return list(loader)
+
+    a, b = batches(3), batches(3)
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b, strict=True))  # seeded
+    noise = {}
+    for xs, ys in a:
+        for x, y in zip(xs, ys, strict=True):
+            offset = float(x[0]) - int(y)
+            assert 0 <= offset < 1 and torch.allclose(x - int(y), torch.full((3,), offset))
+            noise.setdefault(int(y), []).append(offset)
+    assert sorted(noise) == list(range(24)) and all(len(v) == 2 for v in noise.values())
+    differ = sum(v[0] != v[1] for v in noise.values())
+    # Example echoing: the copies are augmented apart; batch echoing repeats augmented batches.
+    assert differ == (0 if where == "batch" else 24)
+
+
+def test_resume_with_a_batch_transform_continues_its_random_stream():
+    def make():
+        return EchoingDataLoader(Numbers(14), batch_size=3, echo_factor=2, shuffle_buffer=4,
+                                 batch_transform=add_noise_to_batch, seed=5, shuffle=True)  # fmt: skip
+
+    run_test_save_load_state(
+        make,
+        positions=[0, 3, 7],
+        restore=lambda loader, state: loader.load_state_dict(state),
+        new_epoch=lambda loader: None,
+    )
+
+
+def test_batch_transform_is_refused_after_augmentation():
+    with pytest.raises(ValueError, match=r"where='after_augment'.*pass the augmentation as "):
+        EchoingDataLoader(Numbers(4), batch_size=2, where="after_augment", echo_factor=2,
+                          batch_transform=add_noise_to_batch)  # fmt: skip
+    with pytest.raises(TypeError, match="batch_transform must be a callable .*got int"):
+        EchoingDataLoader(Numbers(4), batch_size=2, batch_transform=3)
+
+
 class FailingDataset(Numbers):
     def __getitem__(self, i):
         if i == 9:

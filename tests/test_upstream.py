@@ -61,7 +61,10 @@ def test_in_memory_upstream_is_throttled_map_style_data(fm_dir):
     other = build_data(dataclasses.replace(cfg, train_examples=499))
     same = build_data(cfg)
     assert other.identity != data.identity == same.identity  # the content is named
-    assert isinstance(data.transform, Augment)
+    # Augmented batch by batch, except after augmentation, where the copies must be identical.
+    assert data.transform is None and isinstance(data.batch_transform, Augment)
+    after = build_data(dataclasses.replace(cfg, where="after_augment"))
+    assert isinstance(after.transform, Augment) and after.batch_transform is None
     inputs, labels = data.eval_set
     assert inputs.dtype == torch.float32 and inputs.shape == (200, 1, 28, 28)
     assert abs(float(inputs.mean())) < 0.5  # normalised once, up front

@@ -112,11 +112,15 @@ class EchoingDataLoader:
             (identical copies) or "batch" (whole batches repeat).
         shuffle_buffer: post-echo shuffle buffer, in examples (or batches for "batch").
         transform: per-example random augmentation; its randomness is seeded and checkpointed.
+        batch_transform: random augmentation of each collated batch, example by example (e.g.
+            ``Augment``): after the example-level echo stage, seeded like ``transform``, far
+            cheaper per example; not with ``where="after_augment"``.
         num_workers: DataLoader worker processes; echoing runs where the example was read.
         seed: one pipeline seed; every stage, worker and epoch derives its own from it.
         shuffle: read a map-style dataset in a new random order each epoch.
         drop_last: drop each worker's last incomplete batch.
-        copy: echoed copies never alias (costs one memcpy per copy); False to share them.
+        copy: echoed copies never alias (costs one memcpy per copy, made only where a
+            per-example transform or a custom collate could see them); False to share them.
         collate_fn: how examples become a batch (default: ``torch.utils.data.default_collate``).
         **dataloader_kwargs: passed to the inner ``StatefulDataLoader`` (pin_memory, timeout,
             prefetch_factor, multiprocessing_context, snapshot_every_n_steps, ...).
@@ -134,6 +138,7 @@ class EchoingDataLoader:
         where: str = "before_augment",
         shuffle_buffer: int = 0,
         transform: Callable[[Any], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
         num_workers: int = 0,
         seed: int | None = None,
         shuffle: bool = False,
@@ -151,6 +156,7 @@ class EchoingDataLoader:
             where=where,
             shuffle_buffer=shuffle_buffer,
             transform=transform,
+            batch_transform=batch_transform,
             shuffle=shuffle,
             drop_last=drop_last,
             copy=copy,

@@ -29,6 +29,10 @@ class LoaderOptions:
         shuffle_buffer: post-echo shuffle buffer in items (examples, or batches for "batch");
             0 or 1 means none.
         transform: per-example augmentation, or None.
+        batch_transform: augmentation of a whole collated batch (each example drawn on its
+            own, e.g. ``Augment``), run where the batch is made, after the example-level echo
+            stage; much cheaper per example than ``transform`` from Python. Not with
+            "after_augment", whose copies must be identical.
         shuffle: read a map-style dataset in a new random order each epoch.
         drop_last: drop each worker's last incomplete batch.
         copy: echoed copies are independent objects (see ``dataecho.stages.copying``).
@@ -42,6 +46,7 @@ class LoaderOptions:
     where: str = "before_augment"
     shuffle_buffer: int = 0
     transform: Callable[[Any], Any] | None = None
+    batch_transform: Callable[[Any], Any] | None = None
     shuffle: bool = False
     drop_last: bool = False
     copy: bool = True
@@ -98,8 +103,16 @@ class LoaderOptions:
                 self.shuffle_buffer, name="shuffle_buffer", hint="use 0 for no post-echo shuffling"
             ),
         )
-        if self.transform is not None and not callable(self.transform):
-            raise TypeError(
-                f"transform must be a callable (example -> example) or None, got "
-                f"{type(self.transform).__name__}"
+        for name, what in (("transform", "example"), ("batch_transform", "batch")):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(
+                    f"{name} must be a callable ({what} -> {what}) or None, got "
+                    f"{type(value).__name__}"
+                )
+        if self.batch_transform is not None and self.where == "after_augment":
+            raise ValueError(
+                "batch_transform runs after batching, so with where='after_augment' the echoed "
+                "copies would be augmented apart; pass the augmentation as transform= (per "
+                "example) for identical copies, or use where='before_augment'"
             )

@@ -1,4 +1,5 @@
-"""The per-worker pipeline: read -> [echo, shuffle, transform in the chosen order] -> batch.
+"""The per-worker pipeline: read -> [echo, shuffle, transform in the chosen order] -> batch
+-> batch_transform.
 
 Example echoing runs here, inside the worker (or the main process with ``num_workers=0``) that
 read the example, so an echoed copy never costs a second upstream read. Each pipeline yields
@@ -11,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
 
 from dataecho.loader.options import LoaderOptions
@@ -88,7 +89,8 @@ class PipelineIterator:
 
         def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
             if opts.echoes:
-                n = self._fresh = echo_stage(n, opts, seed(STAGE_ECHO))
+                copy = copies_can_alias(opts, owner.collate_fn)
+                n = self._fresh = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy)
             if opts.shuffle_buffer > 1:
                 n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
             return n
@@ -102,6 +104,8 @@ class PipelineIterator:
         self.root: BaseNode[Any] = Mapper(
             Batcher(node, opts.batch_size, drop_last=opts.drop_last), owner.collate_fn
         )
+        if opts.batch_transform is not None:
+            self.root = Mapper(self.root, opts.batch_transform)
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
         self._reported = 0  # fresh examples already attributed to a yielded batch
 
@@ -132,8 +136,25 @@ class PipelineIterator:
         self._reported = int(state["reported"])
 
 
-def echo_stage(source: BaseNode[Any], opts: LoaderOptions, seed: int) -> BaseNode[Any]:
-    """The echo stage the options ask for: fixed factor, or adaptive for "auto"."""
+def copies_can_alias(opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any]) -> bool:
+    """Whether example copies must be separate objects (``opts.copy`` asks for it).
+
+    Only a per-example transform after the echo stage or a custom collate can see two copies
+    as one object: ``default_collate`` stacks tensors and arrays into new memory (and keeps
+    only immutable str/bytes as they are), so without those the copy would be a wasted memcpy.
+    """
+    downstream_transform = opts.where == "before_augment" and opts.transform is not None
+    return opts.copy and (downstream_transform or collate_fn is not default_collate)
+
+
+def echo_stage(
+    source: BaseNode[Any], opts: LoaderOptions, seed: int, *, copy: bool | None = None
+) -> BaseNode[Any]:
+    """The echo stage the options ask for: fixed factor, or adaptive for "auto".
+
+    ``copy``: whether copies are separate objects (default: ``opts.copy``).
+    """
+    copy = opts.copy if copy is None else copy
     if opts.adaptive:
         return AdaptiveEcho(
             source,
@@ -141,12 +162,12 @@ def echo_stage(source: BaseNode[Any], opts: LoaderOptions, seed: int) -> BaseNod
             buffer_size=opts.reuse_buffer,
             policy=opts.reuse_policy,
             seed=seed,
-            copy=opts.copy,
+            copy=copy,
             # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
             # make it reuse while fresh examples are on their way, and hold the reader back.
             queue_size=16 if opts.where == "batch" else max(16, 2 * opts.batch_size),
         )
-    return Echo(source, opts.echo_factor, seed=seed, copy=opts.copy)
+    return Echo(source, opts.echo_factor, seed=seed, copy=copy)
 
 
 def close_chain(node: Any) -> None:

@@ -4,10 +4,17 @@ A map-style dataset is read in a seeded per-epoch order (when ``shuffle=True``),
 DataLoader workers by striding, so each example is read by exactly one worker per epoch. An
 iterable dataset is read as it is; as with ``torch.utils.data.DataLoader``, an iterable dataset
 used with workers must split itself between them (``torch.utils.data.get_worker_info``).
+
+Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set, as ``webdataset.split_by_node`` reads them)
+the stride runs over ranks x workers, so no example is read by two ranks, and each epoch's order
+is cut to a multiple of that count: every reader gets the same number of examples, so the ranks
+of a data-parallel run take the same number of steps (at most ranks x workers - 1 examples, a
+different random few each epoch, are skipped).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -28,7 +35,11 @@ class IndexedReader(BaseNode[Any]):
             if order_seed is not None
             else np.arange(n)
         )
-        self._indices = order[worker::num_workers]
+        rank, world = data_parallel_rank()
+        readers, reader = world * num_workers, rank * num_workers + worker
+        if world > 1:  # equal shares: see the module docstring
+            order = order[: n - n % readers]
+        self._indices = order[reader::readers]
         self._pos = 0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -45,6 +56,19 @@ class IndexedReader(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"pos": self._pos}
+
+
+def data_parallel_rank() -> tuple[int, int]:
+    """``(rank, world_size)`` from torchrun's environment; ``(0, 1)`` outside one. Read from the
+    environment, which DataLoader worker processes inherit, rather than torch.distributed."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if not 0 <= rank < world:
+        raise ValueError(
+            f"RANK={rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={world}); launch with torchrun "
+            "or set both variables consistently"
+        )
+    return rank, world
 
 
 class Counted(BaseNode[Any]):

@@ -205,7 +205,7 @@ def _no_proxy_for_loopback(urls: list[str]) -> None:
 
 
 def _decode_image(sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
-    with Image.open(io.BytesIO(sample["png"])) as img:
+    with Image.open(io.BytesIO(sample["png"]), formats=("PNG",)) as img:  # no format probing
         array = np.array(img, dtype=np.uint8)  # a writable copy, (28, 28)
     return torch.from_numpy(array).unsqueeze(0), int(sample["cls"])
 
