@@ -31,6 +31,7 @@ else:  # pragma: no cover (pyproject pulls tomli in for 3.10)
     import tomli as tomllib
 
 WORKLOADS = ("cnn", "char-lm")
+SYNC_MODES = ("ddp", "local-echo")  # data-parallel runs: dataecho.distributed
 # What "None" means for these fields, per workload (see the module docstring).
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
     # SmallCNN + SGD. An evaluation of 5,000 test images costs ~0.3 s on one core: ~8% of the
@@ -140,12 +141,15 @@ class Real(Check):
 @dataclass(frozen=True)
 class Choice(Check):
     choices: tuple[str, ...]
+    none: str = ""  # non-empty: None is allowed too (the default picks)
 
     @property
     def metavar(self) -> str:
         return "{" + ",".join(self.choices) + "}"
 
-    def check(self, name: str, value: Any) -> str:
+    def check(self, name: str, value: Any) -> str | None:
+        if value is None and self.none:
+            return None
         return _validate.one_of(value, self.choices, name=name)
 
 
@@ -276,6 +280,16 @@ class TrainConfig:
     max_echo_factor: float = _opt(
         4.0, Real(1), "echoing", "with echo factor 'auto': the most copies of one item"
     )
+    reuse_buffer: int | None = _opt(
+        None, Int(1, none="default"), "echoing",
+        "with echo factor 'auto': how many recent fresh items a copy may be drawn from "
+        "(default: one batch of examples, or 1 batch for where=batch)",
+    )  # fmt: skip
+    reuse_policy: str | None = _opt(
+        None, Choice(("uniform", "latest"), none="default"), "echoing",
+        "with echo factor 'auto': draw the item to reuse uniformly from the buffer, or take "
+        "the latest (default: uniform for examples, latest for batches)",
+    )  # fmt: skip
     where: str = _opt(
         "before_augment", Choice(WHERE_CHOICES), "echoing", "insertion point of the echo stage"
     )
@@ -350,6 +364,24 @@ class TrainConfig:
         "show a live progress bar: steps/s, fresh examples/s, echo factor, stall %",
     )  # fmt: skip
     name: str = _opt("", Text(), "output", "label of the log lines (default: e=ECHO_FACTOR)")
+    nproc: int = _opt(
+        1, Int(1), "distributed",
+        "data-parallel ranks to start on this machine with PyTorch's launcher (torchrun); 1 = one "
+        "process. Several machines: run torchrun on each (README)",
+    )  # fmt: skip
+    sync: str = _opt(
+        "ddp", Choice(SYNC_MODES), "distributed",
+        "data-parallel runs: 'ddp' all-reduces gradients every step, echoed steps included; "
+        "'local-echo' takes echo steps locally and averages the model once per fresh batch",
+    )  # fmt: skip
+    avg_prob: float = _opt(
+        1.0, Real(0, 1, low_open=True), "distributed",
+        "local-echo: average at a fresh batch with this probability (the same draws on every rank)",
+    )  # fmt: skip
+    dist_timeout: float = _opt(
+        300.0, Real(0, low_open=True), "distributed",
+        "seconds a collective waits for the other ranks; then it fails naming the late rank",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -381,6 +413,11 @@ class TrainConfig:
                         f"but upstream={self.upstream!r}; drop {key} (shards come as fast as "
                         "their server sends them; write fewer with dataecho prepare --examples)"
                     )
+        if self.avg_prob != 1.0 and self.sync != "local-echo":
+            raise ValueError(
+                f"avg_prob={self.avg_prob!r} applies to sync='local-echo' only, but sync="
+                f"{self.sync!r}; set sync='local-echo' or drop avg_prob"
+            )
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir: the folder of the checkpoints")
 

@@ -212,6 +212,8 @@ def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
         batch_size=cfg.batch_size,
         echo_factor=cfg.echo_factor,
         max_echo_factor=cfg.max_echo_factor,
+        reuse_buffer=cfg.reuse_buffer,
+        reuse_policy=cfg.reuse_policy,
         where=cfg.where,
         shuffle_buffer=cfg.shuffle_buffer,
         transform=data.transform,

@@ -33,6 +33,7 @@ from dataecho.loader.pipeline import (
     echo_stage,
     unwrap_identity,
 )
+from dataecho.loader.transport import from_wire
 from dataecho.stages import EchoStats, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE, derive_seed, resolve_seed
 from dataecho.stages.stats import batch_length
@@ -75,6 +76,7 @@ class _WorkersNode(BaseNode[Any]):
 
     def next(self) -> Any:
         batch, fresh = next(self._it)
+        batch = from_wire(batch)
         if self.deferred:
             self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
         else:
@@ -185,6 +187,8 @@ class EchoingDataLoader:
             "snapshot_every_n_steps", max(1, self.options.shuffle_buffer // self.options.batch_size)
         )
         self._pipeline = PipelineDataset(dataset, self.options, collate_fn or default_collate)
+        # Pinning happens before our main-process code sees a batch: keep tensors for it.
+        self._pipeline.pipe_small_batches = not dataloader_kwargs.get("pin_memory", False)
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
             warnings.filterwarnings("ignore", message=".*set_vital.*")

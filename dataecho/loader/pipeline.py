@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import Counted, IndexedReader
 from dataecho.loader.rng_scope import RngScope
+from dataecho.loader.transport import to_wire
 from dataecho.stages import Echo, Shuffle
 from dataecho.stages.adaptive import AdaptiveEcho
 from dataecho.stages.seeds import (
@@ -40,6 +41,7 @@ class PipelineDataset(IterableDataset):
         self.collate_fn = collate_fn
         self.epoch = 0
         self.seed = 0
+        self.pipe_small_batches = True  # see dataecho.loader.transport; off for pin_memory
         self._live: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
     def __iter__(self) -> PipelineIterator:
@@ -107,6 +109,7 @@ class PipelineIterator:
         if opts.batch_transform is not None:
             self.root = Mapper(self.root, opts.batch_transform)
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
+        self._pipe = info is not None and owner.pipe_small_batches
         self._reported = 0  # fresh examples already attributed to a yielded batch
 
     def __iter__(self) -> PipelineIterator:
@@ -117,7 +120,7 @@ class PipelineIterator:
             batch = next(self.root)
         count = self._fresh_count()
         fresh, self._reported = count - self._reported, count
-        return batch, fresh
+        return (to_wire(batch) if self._pipe else batch), fresh
 
     def _fresh_count(self) -> int:
         node = self._fresh

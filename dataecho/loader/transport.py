@@ -1,0 +1,89 @@
+"""How a batch crosses from a worker process to the training process.
+
+``torch.multiprocessing`` sends every tensor through its own shared-memory segment: a file
+descriptor passed over a socket, then mapped and later unmapped by the receiver. For small
+batches that fixed cost dominates (measured here, 128 x 1 x 28 x 28 float32 = 392 KiB: 1.7-2.0
+ms of the training process's CPU per batch, against 0.9-1.0 ms when the same bytes travel
+pickled through the pipe). Above ~600 KiB copying the bytes costs more than the mapping, so
+only batches up to :data:`PIPE_LIMIT` bytes go as plain arrays; larger ones keep shared memory.
+With example-level echoing every emitted batch crosses, so this cost is paid e times per fresh
+batch, on the core that runs the training step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+PIPE_LIMIT = 512 * 1024  # bytes of tensor data per batch sent pickled through the pipe
+
+
+class _Piped:
+    """A tensor's data as a numpy array, to be pickled as bytes (not shared memory)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Piped, (self.array,))
+
+
+def to_wire(batch: Any) -> Any:
+    """``batch`` with its plain CPU tensors as :class:`_Piped` arrays, if it is small enough."""
+    if _tensor_bytes(batch) > PIPE_LIMIT:
+        return batch
+    return _map(batch, lambda t: _Piped(t.numpy()) if _plain(t) else t)
+
+
+def from_wire(batch: Any) -> Any:
+    """Undo :func:`to_wire` (no copy: the tensors take over the unpickled arrays)."""
+    return _map_piped(batch)
+
+
+def _plain(t: torch.Tensor) -> bool:
+    # Only tensors numpy can hold exactly; others (grad, bfloat16, sparse...) keep shared memory.
+    return (
+        t.layout == torch.strided
+        and t.device.type == "cpu"
+        and not t.requires_grad
+        and t.dtype not in (torch.bfloat16,)
+        and type(t) is torch.Tensor
+    )
+
+
+def _tensor_bytes(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    if isinstance(batch, (tuple, list)):
+        return sum(_tensor_bytes(x) for x in batch)
+    if isinstance(batch, dict):
+        return sum(_tensor_bytes(x) for x in batch.values())
+    return 0
+
+
+def _map(batch: Any, fn: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    return _rebuild(batch, lambda x: _map(x, fn))
+
+
+def _map_piped(batch: Any) -> Any:
+    if isinstance(batch, _Piped):
+        return torch.from_numpy(batch.array)
+    return _rebuild(batch, _map_piped)
+
+
+def _rebuild(batch: Any, fn: Any) -> Any:
+    """``batch`` with ``fn`` applied to each element of a tuple, list or dict (kept types)."""
+    if isinstance(batch, tuple):
+        items = [fn(x) for x in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if isinstance(batch, list):
+        return [fn(x) for x in batch]
+    if isinstance(batch, dict):
+        return {k: fn(v) for k, v in batch.items()}
+    return batch
