@@ -15,6 +15,14 @@ BENCHMARKS = {
         "benchmarks.adaptive",
         "adaptive echoing (issue 3): no echo vs fixed e vs auto at R = 1, 2, 4, 8",
     ),
+    "distributed": (
+        "benchmarks.distributed",
+        "data-parallel echoing (issue 6): ddp vs local-echo on 2 ranks, e = 1, 2, 4",
+    ),
+    "peers": (
+        "benchmarks.peers",
+        "dataecho vs DataLoader, MONAI ThreadDataLoader and adjacent repeats (issue 7)",
+    ),
 }
 
 

@@ -28,13 +28,14 @@ from typing import Any
 from dataecho import demo
 from dataecho.checkpoint import CheckpointError
 from dataecho.config import CLI_TARGETS, Bool, Choice, ConfigError, config_from, flag, options
+from dataecho.distributed import LaunchError, RankFailure
 from dataecho.sources.fashion_mnist import DataNotFoundError, IDXFormatError
 from dataecho.sources.nginx import NginxNotFoundError
 from dataecho.upstream import DATASETS, UpstreamError
 
 # Errors caused by the user's input or machine, reported without a traceback.
 USER_ERRORS = (DataNotFoundError, IDXFormatError, NginxNotFoundError, UpstreamError,
-               ConfigError, CheckpointError, ValueError)  # fmt: skip
+               ConfigError, CheckpointError, ValueError, LaunchError, RankFailure)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Command:
 _GROUPS = {"workload": "workload", "data": "data and upstream", "echoing": "echoing",
            "training": "optimizer", "stopping": "stopping", "evaluation": "evaluation",
            "machine": "threads, workers, seed", "checkpoints": "checkpoints",
-           "output": "output"}  # fmt: skip
+           "output": "output", "distributed": "data parallel (torchrun)"}  # fmt: skip
 
 
 def _add_train(p: argparse.ArgumentParser) -> None:
@@ -92,6 +93,8 @@ def _run_train(args: argparse.Namespace) -> int:
     defaults = {"progress": sys.stderr.isatty()}  # a live bar only where someone watches
     cfg = config_from(args.config, given, defaults=defaults, cli_targets=True)
     r = train(cfg)
+    if getattr(r, "rank", 0) != 0:  # under torchrun: rank 0 reports for all ranks
+        return 0
     target = "no target" if r.reached_target is None else (
         f"target {cfg.target:g} reached after {r.fresh_to_target:,} fresh examples, "
         f"{r.steps_to_target:,} steps, {r.seconds_to_target:.1f} s"
@@ -105,6 +108,8 @@ def _run_train(args: argparse.Namespace) -> int:
         f"(echo {r.realized_factor:.2f}x), {r.steps:,} steps, {r.wall_seconds:.1f} s wall "
         f"(evaluations {r.eval_seconds:.1f} s), stall {r.stall_fraction:.0%}"
     )
+    for line in getattr(r, "rank_summary", ()):  # data-parallel runs: counters per rank
+        print(f"[{cfg.name}] {line}")
     return 0
 
 
