@@ -546,3 +546,17 @@ def test_batch_auto_counts_fresh_examples_when_the_step_gets_them():
     rest = list(it)
     assert loader.stats.fresh_examples == 400
     assert set(labels_of(handed + rest)) == set(range(400))
+
+
+def test_data_parallel_ranks_draw_their_own_augmentations(monkeypatch):
+    def noise_on_rank(rank):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        data = [(torch.zeros(3), i) for i in range(16)]
+        loader = EchoingDataLoader(data, batch_size=4, transform=add_noise, seed=0)
+        return [round(float(x[0]), 6) for xs, _ in loader for x in xs]
+
+    first, second = noise_on_rank(0), noise_on_rank(1)
+    assert len(first) == len(second) == 8  # disjoint halves of the 16 examples
+    # One pipeline seed, but each rank's stream of random draws is its own.
+    assert first != second

@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
 
 from dataecho.loader.options import LoaderOptions
-from dataecho.loader.reading import Counted, IndexedReader
+from dataecho.loader.reading import Counted, IndexedReader, data_parallel_rank
 from dataecho.loader.rng_scope import RngScope
 from dataecho.loader.transport import to_wire
 from dataecho.stages import Echo, Shuffle
@@ -69,7 +69,11 @@ class PipelineIterator:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
         opts = owner.options
-        seed = lambda stage: derive_seed(owner.seed, owner.epoch, worker, stage)  # noqa: E731
+        rank, _ = data_parallel_rank()
+        # Each reader of a data-parallel run (rank x worker) draws its own echo, shuffle and
+        # augmentation randomness; a single process keeps the plain worker id.
+        reader = rank * num_workers + worker
+        seed = lambda stage: derive_seed(owner.seed, owner.epoch, reader, stage)  # noqa: E731
 
         if (
             hasattr(owner.dataset, "__getitem__")
