@@ -26,6 +26,7 @@ from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
+from dataecho.loader.lifetime import DieWithParent
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.pipeline import (
     PipelineDataset,
@@ -186,6 +187,7 @@ class EchoingDataLoader:
         dataloader_kwargs.setdefault(
             "snapshot_every_n_steps", max(1, self.options.shuffle_buffer // self.options.batch_size)
         )
+        dataloader_kwargs["worker_init_fn"] = DieWithParent(dataloader_kwargs.get("worker_init_fn"))
         self._pipeline = PipelineDataset(dataset, self.options, collate_fn or default_collate)
         # Pinning happens before our main-process code sees a batch: keep tensors for it.
         self._pipeline.pipe_small_batches = not dataloader_kwargs.get("pin_memory", False)
