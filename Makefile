@@ -7,8 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# nginx serves the demo's shards; webdataset streams http:// URLs through curl.
-SYSTEM_PACKAGES := dataset-fashion-mnist nginx-light curl
+# nginx serves the demo's shards (read over HTTP by dataecho itself: no curl needed).
+SYSTEM_PACKAGES := dataset-fashion-mnist nginx-light
 
 .PHONY: demo test lint format system-packages bench clean
 

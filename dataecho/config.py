@@ -272,6 +272,16 @@ class TrainConfig:
         "in-memory upstream only: train on the first N examples (default: all)",
     )  # fmt: skip
     seq_len: int = _opt(64, Int(1), "data", "char-lm: characters per example")
+    on_bad_record: str = _opt(
+        "raise", Choice(("raise", "skip")), "data",
+        "shard upstreams: a record that fails to decode or a truncated shard stops the run "
+        "(raise) or is skipped, counted and logged (skip)",
+    )  # fmt: skip
+    retry_seconds: float = _opt(
+        60.0, Real(0), "data",
+        "HTTP shard upstream: how long a stopped, stalled or dropping server is retried (with "
+        "backoff) before the run stops with an error naming the shard and record",
+    )  # fmt: skip
     echo_factor: float | str = _opt(
         1.0, EchoFactor(), "echoing",
         "copies per fresh item (1 = off; 2.5 = 2 or 3 at random, 2.5 on average), or 'auto': "

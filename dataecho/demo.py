@@ -22,7 +22,6 @@ import dataclasses
 import datetime
 import os
 import platform
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,9 +259,6 @@ def _nginx_missing() -> bool:
         find_nginx()
     except NginxNotFoundError as err:
         print(f"{err}\nFalling back to the EMULATION of the server.")
-        return True
-    if shutil.which("curl") is None:  # webdataset streams http:// through curl
-        print("curl not found (apt-get install curl); falling back to the EMULATION.")
         return True
     return False
 

@@ -33,8 +33,8 @@ Checkpoints (``checkpoint_dir``): every ``checkpoint_every`` steps and at the en
 optimizer, loader state, counters, history and the loop's RNG, written atomically
 (:mod:`dataecho.checkpoint`). ``resume`` continues from the latest one. An in-memory upstream
 is map-style and resumes exactly where the checkpoint was without re-reading anything; a
-shard upstream is iterable and resumes by fast-forward: the worker re-reads the current epoch
-from its start up to the checkpoint's position (correct, but it costs that reading time).
+shard upstream resumes from its own checkpointed position (per worker): finished shards are
+not read again, and the current one is read past its consumed records without decoding them.
 With a fixed seed and ``num_workers`` 0 or 1, a resumed run's batches and losses equal those
 of the uninterrupted run. ``echo_factor="auto"`` depends on timing: a resume continues its
 stream without losing or doubling fresh examples, but not identically. Wall time after a

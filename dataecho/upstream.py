@@ -41,15 +41,12 @@ from dataecho import _validate
 from dataecho.config import TrainConfig
 from dataecho.sources import shards
 from dataecho.sources.fashion_mnist import DataNotFoundError, FashionMNIST, load_split
+from dataecho.sources.retrying import UpstreamError
 from dataecho.sources.throttled import Throttled
 from dataecho.workloads.augment import Augment, normalize
 
 DATASETS = ("fashion-mnist", "austen")
 _KIND = {"cnn": "image", "char-lm": "tokens"}  # the shard kind each workload trains on
-
-
-class UpstreamError(OSError):
-    """The upstream cannot be reached or holds the wrong data; the message says what to do."""
 
 
 @dataclass
@@ -164,7 +161,10 @@ def _shards(cfg: TrainConfig) -> tuple[shards.ShardDataset, str, str]:
             f"{_KIND[cfg.workload]} shards; prepare them with dataecho prepare --dataset "
             f"{'fashion-mnist' if cfg.workload == 'cnn' else 'austen'}"
         )
-    data = shards.ShardDataset(spec, manifest, shuffle_shards=True, seed=cfg.seed)
+    data = shards.ShardDataset(
+        spec, manifest, shuffle_shards=True, seed=cfg.seed,
+        on_bad_record=cfg.on_bad_record, retry_seconds=cfg.retry_seconds,
+    )  # fmt: skip
     size = sum(s["bytes"] for s in manifest["shards"]) / 1e6
     what = f"{len(data.urls)} shards, {data.num_examples:,} examples, {size:.1f} MB"
     if spec.startswith("emulated:"):

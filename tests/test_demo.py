@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,14 +19,14 @@ from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
 
 try:
     find_nginx()
-    HAVE_NGINX = shutil.which("curl") is not None  # webdataset streams http:// through curl
+    HAVE_NGINX = True
 except NginxNotFoundError:
     HAVE_NGINX = False
 needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",
 )
-needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx or curl missing ({INSTALL_HINT})")
+needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx missing ({INSTALL_HINT})")
 RUNS = ["no echo", "e=4", "auto"]
 
 

@@ -1,14 +1,12 @@
 """The real nginx on loopback: serving, rate cap, streaming shards, never a leftover process.
 
-Runs only where nginx is installed (``apt-get install nginx-light``); streaming over HTTP also
-needs ``curl``, which webdataset runs for every ``http://`` shard.
+Runs only where nginx is installed (``apt-get install nginx-light``).
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,9 +36,6 @@ try:
 except NginxNotFoundError:
     HAVE_NGINX = False
 needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx not installed ({INSTALL_HINT})")
-needs_curl = pytest.mark.skipif(
-    shutil.which("curl") is None, reason="webdataset reads http:// with curl (apt-get install curl)"
-)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -105,7 +100,6 @@ def test_rate_cap_holds_within_10_percent(tmp_path):
 
 
 @needs_nginx
-@needs_curl
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("echo_factor", [1, 2])
 def test_streams_shards_over_http_into_the_loader(shards, echo_factor):
@@ -141,7 +135,6 @@ def test_streams_shards_over_http_into_the_loader(shards, echo_factor):
 
 
 @needs_nginx
-@needs_curl
 @pytest.mark.timeout(30)
 def test_an_http_proxy_in_the_environment_does_not_catch_loopback(shards, monkeypatch):
     folder, images, labels = shards

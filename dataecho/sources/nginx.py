@@ -9,9 +9,9 @@ SIGKILL for the whole group) on ``__exit__``, on an error while starting, on Ctr
 ``KeyboardInterrupt`` runs ``__exit__``), at interpreter exit (``atexit``) and, on Linux, when
 the Python process dies without cleaning up (the kernel's parent-death signal).
 
-Bandwidth: nginx's ``limit_rate`` caps each *connection*. webdataset fetches every shard with
-its own ``curl`` process, and each DataLoader worker streams one shard at a time, so ``n``
-workers get up to ``n`` x the cap in total. To cap the total, pass ``total_rate_bytes_per_s``
+Bandwidth: nginx's ``limit_rate`` caps each *connection*. Every shard is one HTTP request
+(:mod:`dataecho.sources.retrying`), and each DataLoader worker streams one shard at a time, so
+``n`` workers get up to ``n`` x the cap in total. To cap the total, pass ``total_rate_bytes_per_s``
 and the number of concurrent readers (``connections``): each gets an equal share.
 
 nginx paces a capped response by sending a chunk and then waiting ``chunk / rate``; the first

@@ -8,9 +8,12 @@ sample (a ~0.6 KB PNG and a label) takes about 2.3 KB on disk and on the wire.
 
 Reading: :class:`ShardDataset` streams shards from a local folder, an ``http://`` server
 (:class:`dataecho.sources.nginx.NginxServer`) or emulated storage
-(:class:`dataecho.sources.emulated.EmulatedStorage`) through ``webdataset.WebDataset``, which
-hands each rank (``split_by_node``) and then each DataLoader worker (``split_by_worker``) a
-disjoint subset of the shards, so every example is read once per epoch across all workers.
+(:class:`dataecho.sources.emulated.EmulatedStorage`) through
+:class:`dataecho.sources.shard_reader.ShardReader`, which hands each rank and then each
+DataLoader worker a disjoint subset of the shards (as ``webdataset``'s ``split_by_node`` and
+``split_by_worker`` do), so every example is read once per epoch across all workers; it keeps
+its position as explicit state (exact resume), retries HTTP faults and applies the
+``on_bad_record`` policy.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch.utils.data import IterableDataset
 
 from dataecho import _validate
 from dataecho.sources import emulated  # registers the emulated: URL scheme with webdataset
+from dataecho.sources.shard_reader import POLICIES, STATE_KEYS, ShardReader
 
 FORMAT = "dataecho-webdataset-shards"
 VERSION = 1
@@ -43,7 +47,6 @@ SAMPLES = {
     "tokens": {"npy": "1-D integer token array, numpy .npy"},
 }
 TOKEN_DTYPES = ("uint8", "int16", "uint16", "int32", "int64")
-_LOOPBACK = ("127.0.0.1", "localhost")
 
 
 def write_image_shards(
@@ -127,14 +130,26 @@ class ShardDataset(IterableDataset):
     """Stream examples from shards; image shards give ``(uint8 tensor 1x28x28, int label)``.
 
     Token shards give an int64 tensor per sample. Decoding runs where the dataset is iterated:
-    in the DataLoader worker. With workers, each one reads its own shards (``split_by_worker``);
-    across ranks, ``split_by_node``. More workers x ranks than shards leaves some idle.
+    in the DataLoader worker. Each rank and then each worker reads its own shards (the epoch's
+    order split as ``webdataset``'s ``split_by_node`` and ``split_by_worker`` would). More
+    workers x ranks than shards leaves some idle.
+
+    Resume: :meth:`state_dict` is the position of the latest pass in this process (which
+    shard of this reader's share, how many of its records consumed, records skipped);
+    ``torchdata`` checkpoints it per worker (``IterableWrapper`` calls it), and after
+    :meth:`load_state_dict` the next ``iter()`` continues there: finished shards are not read
+    again, and the current one is read past its consumed records without decoding them.
+    See :mod:`dataecho.sources.shard_reader` for faults and bad records.
 
     Args:
         base: folder, ``http://host:port`` (e.g. ``NginxServer.url``) or ``EmulatedStorage.url``.
         manifest: the manifest (default: :func:`load_manifest` of ``base``).
         shuffle_shards: read shards in a seeded order that changes with :meth:`set_epoch`.
         seed: the shard-order seed.
+        on_bad_record: "raise" (default) or "skip" (counted in :attr:`skipped`, logged).
+        retry_seconds: how long HTTP faults (server down, stalled, connection dropped) are
+            retried, with backoff, before an error naming the shard and record.
+        timeout_s: seconds without a byte from an HTTP server before it counts as stalled.
     """
 
     def __init__(
@@ -144,13 +159,22 @@ class ShardDataset(IterableDataset):
         *,
         shuffle_shards: bool = False,
         seed: int = 0,
+        on_bad_record: str = "raise",
+        retry_seconds: float = 60.0,
+        timeout_s: float = 30.0,
     ) -> None:
         self.manifest = load_manifest(base) if manifest is None else manifest
         self.kind = _validate.one_of(self.manifest["kind"], tuple(SAMPLES), name="manifest kind")
         self.urls = shard_urls(base, self.manifest)
+        self.counts = [int(s["count"]) for s in self.manifest["shards"]]
         self.shuffle_shards = bool(shuffle_shards)
         self.seed = _validate.non_negative_int(seed, name="seed")
+        self.on_bad_record = _validate.one_of(on_bad_record, POLICIES, name="on_bad_record")
+        self.retry_seconds = _seconds(retry_seconds, "retry_seconds", zero_ok=True)
+        self.timeout_s = _seconds(timeout_s, "timeout_s", zero_ok=False)
         self.epoch = 0
+        self._reader: ShardReader | None = None  # the latest pass in this process
+        self._resume: dict[str, Any] | None = None  # loaded, for the next iter()
 
     @property
     def num_examples(self) -> int:
@@ -162,46 +186,92 @@ class ShardDataset(IterableDataset):
         """Mean stored (and transferred) bytes per example, tar overhead included."""
         return sum(s["bytes"] for s in self.manifest["shards"]) / max(1, self.num_examples)
 
+    @property
+    def skipped(self) -> int:
+        """Bad records skipped by the latest pass in this process (one worker's, with workers)."""
+        return self._reader.skipped if self._reader is not None else 0
+
     def set_epoch(self, epoch: int) -> None:
         """Pick the epoch's shard order (with ``shuffle_shards``); call before iterating."""
         self.epoch = _validate.non_negative_int(epoch, name="epoch")
 
-    def shard_order(self) -> list[str]:
+    def shard_order(self, epoch: int | None = None) -> list[str]:
         """This epoch's shard URLs, before the split: identical in every worker and rank."""
+        return [self.urls[i] for i in self._order(self.epoch if epoch is None else epoch)]
+
+    def _order(self, epoch: int) -> list[int]:
         if not self.shuffle_shards:
-            return list(self.urls)
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.urls))
-        return [self.urls[i] for i in order]
+            return list(range(len(self.urls)))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.urls)).tolist()
 
     def __iter__(self) -> Iterator[Any]:
-        _, world, _, workers = wds.utils.pytorch_worker_info()
+        rank, world, worker, workers = wds.utils.pytorch_worker_info()
         if len(self.urls) < world * workers:
             warnings.warn(
                 f"{len(self.urls)} shards for {world} rank(s) x {workers} worker(s): some "
                 "readers get none; write smaller shards (examples_per_shard) for more of them",
                 stacklevel=2,
             )
-        stream = wds.WebDataset(
-            self.shard_order(),
-            shardshuffle=False,  # the order is chosen above, the same in every worker
-            nodesplitter=wds.split_by_node,
-            workersplitter=wds.split_by_worker,
-            empty_check=False,  # an idle worker is allowed (warned above)
-            seed=0,  # unused without shuffles; None would draw from Python's global `random`
+        reader, readers = rank * workers + worker, world * workers
+        state, self._resume = self._resume, None
+        if state is not None and (state["reader"], state["readers"]) != (reader, readers):
+            raise ValueError(
+                f"this shard position belongs to reader {state['reader']} of "
+                f"{state['readers']} (rank x worker), but it was loaded into reader {reader} of "
+                f"{readers}; resume with the same number of ranks and workers"
+            )
+        epoch = self.epoch if state is None else int(state["epoch"])
+        mine = self._order(epoch)[rank::world][worker::workers]  # as split_by_node/_worker
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = ShardReader(
+            [self.urls[i] for i in mine],
+            [self.counts[i] for i in mine],
+            _decode_image if self.kind == "image" else _decode_tokens,
+            state=state,
+            epoch=epoch,
+            reader=reader,
+            readers=readers,
+            on_bad_record=self.on_bad_record,
+            retry_seconds=self.retry_seconds,
+            timeout_s=self.timeout_s,
         )
-        _no_proxy_for_loopback(self.urls)
-        decode = _decode_image if self.kind == "image" else _decode_tokens
-        return map(decode, stream)
+        return self._reader
+
+    def state_dict(self) -> dict[str, int]:
+        """The position of the latest pass (or the loaded one not yet iterated); plain ints."""
+        if self._resume is not None:
+            return dict(self._resume)
+        if self._reader is not None:
+            return self._reader.get_state()
+        rank, world, worker, workers = wds.utils.pytorch_worker_info()
+        return {"epoch": self.epoch, "reader": rank * workers + worker,
+                "readers": world * workers, "shard": 0, "offset": 0, "skipped": 0}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` at the next ``iter()``."""
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(
+                f"not a ShardDataset state: missing {missing} in {sorted(state)}; pass what "
+                "ShardDataset.state_dict() returned"
+            )
+        self._resume = {k: int(state[k]) for k in STATE_KEYS}
+        self.epoch = self._resume["epoch"]  # the position is in that epoch's shard order
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into each DataLoader worker: an open pass (files, sockets) stays here.
+        return {**self.__dict__, "_reader": None}
 
 
-def _no_proxy_for_loopback(urls: list[str]) -> None:
-    """webdataset fetches http:// with curl, which sends even 127.0.0.1 to an ``http_proxy``
-    from the environment; a loopback server is never behind one, so exempt it."""
-    if not any(urlsplit(u).hostname in _LOOPBACK for u in urls[:1]):
-        return
-    for var in ("no_proxy", "NO_PROXY"):
-        hosts = [h for h in os.environ.get(var, "").split(",") if h]
-        os.environ[var] = ",".join(hosts + [h for h in _LOOPBACK if h not in hosts])
+def _seconds(value: object, name: str, *, zero_ok: bool) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
+        raise ValueError(
+            f"{name} must be a finite number of seconds {'>= 0' if zero_ok else '> 0'}, "
+            f"got {value!r}; e.g. {name}=30"
+        )
+    return float(value)
 
 
 def _decode_image(sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
