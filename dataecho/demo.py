@@ -1,15 +1,15 @@
 """``dataecho demo``: an input-bound run over a real HTTP server, trained with and without echoing.
 
-    dataecho demo             # ~3-5 minutes on 2 cores; writes runs/<timestamp>/
+    dataecho demo             # ~2-4 minutes on 2 cores; writes runs/<timestamp>/
     dataecho demo --quick     # seconds: a tiny subset, a low target, one evaluation
 
 Steps: write the Fashion-MNIST training set once as WebDataset shards (cached in --work-dir);
-time one training step (t_down) and pick nginx's bandwidth cap so that one batch takes R steps'
-time to arrive (t_up = R x t_down); start nginx on loopback with that cap and *measure* R with
-``dataecho.profile`` on the real loader, t_down taken while the loader runs (on two shared
-cores the worker slows the step), correcting the cap once; then train to the target three
-times (no echo, a fixed factor, ``auto``) and write the table, ``report.md``, ``metrics.csv``
-and ``curves.png``. The run's own R (time per step over compute per step) is reported too.
+pick nginx's bandwidth cap so that one batch takes R steps' time to arrive, *measuring* R on
+the real parts (:mod:`dataecho.calibration`: a first guess from the step's time, then
+``dataecho.profile`` on the real loader, then a short probe through the training loop); then
+train to the target three times (no echo, a fixed factor, ``auto``) and write the table,
+``report.md``, ``metrics.csv`` and ``curves.png``. The run's own R (time per step over compute
+per step) is reported too.
 Without nginx (or with --emulate) the shards are read through the storage *emulation*
 (:mod:`dataecho.sources.emulated`), and every number says so.
 """
@@ -17,37 +17,28 @@ Without nginx (or with --emulate) the shards are read through the storage *emula
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import os
 import platform
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from dataecho.loader import EchoingDataLoader
-from dataecho.profiling import ProfileReport, format_report, profile
-from dataecho.sources.emulated import EmulatedStorage
+from dataecho.calibration import THREADS, WORKERS, calibrate, serve
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR
-from dataecho.sources.nginx import NginxNotFoundError, NginxServer, find_nginx
-from dataecho.train import TrainConfig, measure_step_seconds, train
-from dataecho.upstream import build_data, prepare
-from dataecho.workloads.cnn import SmallCNN
+from dataecho.sources.nginx import NginxNotFoundError, find_nginx
+from dataecho.train import TrainConfig, train
+from dataecho.upstream import prepare
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
 DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
 # A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
 EXAMPLES_PER_SHARD = 1000
-# 2 cores: the step on 1 torch thread here, reading/decoding/augmenting in 1 worker process.
-THREADS, WORKERS = 1, 1
 SHUFFLE_BATCHES = 10  # post-echo shuffle buffer, in batches
-RATIO_TOLERANCE = 0.1  # a measured R within 10% of the aim is kept; else one correction
 
 
 @dataclass(frozen=True)
@@ -60,11 +51,12 @@ class Plan:
     eval_every: int = 3_000  # fresh examples between evaluations
     eval_examples: int = 5_000  # test examples per evaluation (~0.3 s on one core)
     profile_seconds: float = 8.0  # 40% upstream, 20% step, 40% both
+    probe_examples: int = 10_240  # the calibration's run through the training loop (~10 s)
     examples_per_shard: int = EXAMPLES_PER_SHARD
 
 
 QUICK = Plan(examples=2_048, batch_size=64, budget=2_048, eval_every=2_048, eval_examples=500,
-             profile_seconds=1.5, examples_per_shard=256)  # fmt: skip
+             profile_seconds=1.5, probe_examples=0, examples_per_shard=256)  # fmt: skip
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,8 +101,11 @@ def run_demo(args: argparse.Namespace) -> int:
     load_before = _load()
     shard_dir, manifest = _prepare(args, plan)
     emulate = args.emulate or _nginx_missing()
-    rate, report, notes = _calibrate(shard_dir, manifest, plan, args, emulate)
-    with _serve(shard_dir, rate, emulate) as up:
+    cal = calibrate(shard_dir, manifest, aim=args.upstream_ratio, data_dir=args.data_dir,
+                    batch_size=plan.batch_size, seed=args.seed,
+                    profile_seconds=plan.profile_seconds, probe_examples=plan.probe_examples,
+                    bandwidth=args.bandwidth, emulate=emulate)  # fmt: skip
+    with serve(shard_dir, cal.rate, emulate) as up:
         print(f"upstream: {up.description}")
         results = [train(cfg, log=tqdm.write) for cfg in _configs(up.url, plan, args, target)]
     base = results[0]  # R as the no-echo run lived it: time per step over compute per step
@@ -127,11 +122,12 @@ def run_demo(args: argparse.Namespace) -> int:
         emulated=emulate,
         ratio=lived_ratio,
         ratio_how="in the no-echo run: time per step, evaluations excluded, over the step's "
-        f"compute time; dataecho.profile before the runs: {report.t_up / lived_t_down(report):.2f}"
-        f" with the step's time while the loader runs, {report.ratio:.2f} with the step alone",
-        bandwidth_bytes_per_s=rate,
+        f"compute time; before the runs: dataecho.profile {cal.profiled_ratio:.2f} with the "
+        f"step's time while the loader runs ({cal.report.ratio:.2f} with the step alone)"
+        + ("" if cal.probed_ratio is None else f", a probe of the loop {cal.probed_ratio:.2f}"),
+        bandwidth_bytes_per_s=cal.rate,
         load=f"before: {load_before}; after: {_load()}",
-        notes=tuple(notes),
+        notes=tuple(cal.notes),
     )
     out = write_report(results, _new_run_dir(args.runs_dir), meta=meta)
     print(f"\nreport: {out / 'report.md'} (and metrics.csv, curves.png in {out})")
@@ -146,91 +142,6 @@ def _prepare(args: argparse.Namespace, plan: Plan) -> tuple[Path, dict[str, Any]
     manifest, _ = prepare(out, data_dir=args.data_dir, examples=plan.examples,
                           examples_per_shard=plan.examples_per_shard)  # fmt: skip
     return out, manifest
-
-
-def _calibrate(shard_dir: Path, manifest: dict[str, Any], plan: Plan, args: argparse.Namespace,
-               emulate: bool) -> tuple[int, ProfileReport, list[str]]:  # fmt: skip
-    """The total cap that makes R about ``--upstream-ratio``, measured with the profiler.
-
-    First guess: one batch's bytes arrive in R steps' time. Then R is measured on the real
-    loader and step, with t_down taken *while the loader runs* (:func:`lived_t_down`): on two
-    shared cores the worker's decoding slows the step (measured: ~2x), and the step-alone
-    figure would make the run far less input-bound than R says. The cap is scaled once if
-    that R is more than 10% off.
-    """
-    t_down = measure_step_seconds(plan.batch_size, THREADS, steps=30)
-    batch_bytes = _bytes_per_example(manifest) * plan.batch_size
-    rate = int(args.bandwidth or max(1, round(batch_bytes / (args.upstream_ratio * t_down))))
-    notes = [
-        f"{manifest['total']:,} training examples in {len(manifest['shards'])} shards, "
-        f"{_bytes_per_example(manifest):,.0f} bytes each on the wire (PNG in tar)",
-        f"t_down of the step alone before calibrating: {t_down * 1e3:.1f} ms (batch "
-        f"{plan.batch_size}, {THREADS} torch thread)",
-    ]
-    lived: list[float] = []  # t_down while the loader runs, per attempt: noisy, so averaged
-    for attempt in range(2):
-        with _serve(shard_dir, rate, emulate) as up:
-            print(f"calibrating: {up.description}")
-            report = _measure(up.url, plan, args.seed)
-        print(format_report(report))
-        lived.append(lived_t_down(report))
-        note = (f"a cap of {rate / 1e6:.3g} MB/s gave t_up = {report.t_up * 1e3:.1f} ms, "
-                f"R = {report.t_up / lived[-1]:.2f} with the step's time while the loader runs "
-                f"({lived[-1] * 1e3:.1f} ms), {report.ratio:.2f} with the step alone "
-                f"({report.t_down * 1e3:.1f} ms)")  # fmt: skip
-        print(note)
-        notes.append(note)
-        off = report.t_up / (args.upstream_ratio * sum(lived) / len(lived))
-        if attempt == 1 or args.bandwidth or abs(off - 1) <= RATIO_TOLERANCE:
-            return rate, report, notes
-        rate = max(1, round(rate * off))
-    raise AssertionError("unreachable")
-
-
-def lived_t_down(report: ProfileReport) -> float:
-    """Seconds per step while the loader runs: the pipeline's time per step minus its wait."""
-    return report.t_overlapped * (1.0 - report.stall_fraction)
-
-
-@dataclass(frozen=True)
-class _Upstream:
-    url: str
-    description: str
-
-
-@contextlib.contextmanager
-def _serve(shard_dir: Path, rate: int, emulate: bool) -> Iterator[_Upstream]:
-    """nginx on loopback (stopped on exit, error and Ctrl-C), or the emulation of it."""
-    if emulate:
-        storage = EmulatedStorage(shard_dir, bandwidth_bytes_per_s=rate / WORKERS)
-        yield _Upstream(storage.url, storage.describe())
-        return
-    # nginx caps each connection; every worker streams one shard at a time: split the total.
-    with NginxServer(shard_dir, total_rate_bytes_per_s=rate, connections=WORKERS) as server:
-        yield _Upstream(server.url, server.describe())
-
-
-def _measure(url: str, plan: Plan, seed: int) -> ProfileReport:
-    """R measured on the real loader (no echo) and the real training step."""
-    cfg = TrainConfig(upstream=url, batch_size=plan.batch_size, seed=seed)
-    data = build_data(cfg)
-    loader = EchoingDataLoader(data.train, batch_size=plan.batch_size, transform=data.transform,
-                               batch_transform=data.batch_transform, num_workers=WORKERS,
-                               seed=seed, drop_last=True)  # fmt: skip
-    torch.set_num_threads(THREADS)
-    model = SmallCNN()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-    def step(batch: Any) -> None:
-        loss = F.cross_entropy(model(batch[0]), batch[1])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    try:
-        return profile(loader, step, seconds=plan.profile_seconds)
-    finally:
-        loader.close()
 
 
 def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> list[TrainConfig]:
@@ -248,10 +159,6 @@ def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> l
 
 
 # --- small helpers ----------------------------------------------------------------------------
-
-
-def _bytes_per_example(manifest: dict[str, Any]) -> float:
-    return sum(s["bytes"] for s in manifest["shards"]) / max(1, manifest["total"])
 
 
 def _nginx_missing() -> bool:

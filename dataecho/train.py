@@ -349,6 +349,10 @@ def _history_row(
         "train_loss": run.loss_sum / max(run.loss_count, 1),
         "realized_factor": (s.examples_out - out0) / max(s.fresh_examples - fresh0, 1),
         "stall": (s.wait_seconds - wait0) / max(seconds - seconds0, 1e-9),
+        # Cumulative: R = time per step over compute per step, evaluations excluded, between
+        # any two rows (what the demo's calibration measures on the real loop).
+        "step_seconds": run.step_seconds,
+        "eval_seconds": run.eval_seconds,
     }
     run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
     run.loss_sum, run.loss_count = 0.0, 0
