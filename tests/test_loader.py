@@ -560,3 +560,14 @@ def test_data_parallel_ranks_draw_their_own_augmentations(monkeypatch):
     assert len(first) == len(second) == 8  # disjoint halves of the 16 examples
     # One pipeline seed, but each rank's stream of random draws is its own.
     assert first != second
+
+
+def test_example_echoing_keeps_as_much_fresh_data_in_flight_as_no_echo():
+    def depth(**kwargs):
+        return EchoingDataLoader(Numbers(8), batch_size=2, num_workers=1, **kwargs)._inner
+
+    assert depth().prefetch_factor == 2
+    assert depth(echo_factor=4).prefetch_factor == 8
+    assert depth(echo_factor=2.5).prefetch_factor == 6
+    assert depth(echo_factor=4, where="batch").prefetch_factor == 2  # only fresh batches cross
+    assert depth(echo_factor=4, prefetch_factor=3).prefetch_factor == 3  # the user's choice

@@ -15,6 +15,7 @@ batch echoing runs in the main process on the batches the workers deliver.
 from __future__ import annotations
 
 import collections
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -187,6 +188,15 @@ class EchoingDataLoader:
         dataloader_kwargs.setdefault(
             "snapshot_every_n_steps", max(1, self.options.shuffle_buffer // self.options.batch_size)
         )
+        opts = self.options
+        if self.num_workers and opts.where != "batch" and not opts.adaptive:
+            # The workers' queue holds *emitted* batches: with example echoing each fresh batch
+            # leaves as e of them, so e times the default depth keeps as much fresh data in
+            # flight as without echoing. Otherwise a pause of the training loop (an
+            # evaluation, a checkpoint) fills the queue with copies at once and the upstream
+            # stops reading, so the pause costs the echoed run upstream time that a run
+            # without echoing hides.
+            dataloader_kwargs.setdefault("prefetch_factor", 2 * math.ceil(opts.echo_factor))
         dataloader_kwargs["worker_init_fn"] = DieWithParent(dataloader_kwargs.get("worker_init_fn"))
         self._pipeline = PipelineDataset(dataset, self.options, collate_fn or default_collate)
         # Pinning happens before our main-process code sees a batch: keep tensors for it.
