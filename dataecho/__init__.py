@@ -12,6 +12,10 @@ stochastic and communication-efficient echoing, ICLR 2025 submission).
 Stages for your own pipelines: :func:`echo`, :func:`shuffle`, :func:`adaptive_echo`,
 :func:`stochastic_echo` (each a resumable ``torchdata.nodes.BaseNode`` with ``.stats``).
 Before you change anything, :func:`profile` tells whether echoing will help at all.
+
+Echoed optimizers (K steps per fresh batch; Agarwal et al. 2020): :class:`EchoedGD`,
+:class:`EchoedProxGD`, :class:`EchoedNesterov` (more in :mod:`dataecho.algorithms`).
+Training runs: :func:`train` with a :class:`TrainConfig` (single process or data parallel).
 """
 
 from dataecho import schedules
@@ -38,14 +42,20 @@ _LAZY = {
     "train": "dataecho.train",
     "TrainConfig": "dataecho.config",
     "TrainResult": "dataecho.train",
+    "EchoedGD": "dataecho.algorithms",
+    "EchoedProxGD": "dataecho.algorithms",
+    "EchoedNesterov": "dataecho.algorithms",
 }
+_LAZY_MODULES = ("algorithms", "reproduce", "distributed")
 
 
 def __getattr__(name: str):  # noqa: ANN202
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"dataecho.{name}")
     raise AttributeError(f"module 'dataecho' has no attribute {name!r}")
 
 
@@ -53,6 +63,9 @@ __all__ = [
     "AdaptiveEcho",
     "Echo",
     "EchoStats",
+    "EchoedGD",
+    "EchoedNesterov",
+    "EchoedProxGD",
     "EchoingDataLoader",
     "LoaderOptions",
     "ProfileReport",
