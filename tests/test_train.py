@@ -23,7 +23,8 @@ pytestmark = [
     ),
     pytest.mark.timeout(120),
 ]
-HISTORY_KEYS = ["fresh", "steps", "seconds", "accuracy", "train_loss", "realized_factor", "stall"]
+HISTORY_KEYS = ["fresh", "steps", "seconds", "accuracy", "train_loss", "realized_factor", "stall",
+                "step_seconds", "eval_seconds"]  # fmt: skip
 
 
 def quiet(line: str) -> None:
