@@ -14,7 +14,18 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
+
+from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
+
+try:
+    find_nginx()
+    HAVE_NGINX = True
+except NginxNotFoundError:
+    HAVE_NGINX = False
+# Tests of the real server run wherever nginx is installed (`make test` installs it).
+needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx not installed ({INSTALL_HINT})")
 
 Factory = Callable[[], Any]
 

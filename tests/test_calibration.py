@@ -5,21 +5,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import needs_nginx
 
 from dataecho.calibration import bytes_per_example, probe, serve
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
-from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
 from dataecho.upstream import prepare
-
-try:
-    find_nginx()
-    HAVE_NGINX = True
-except NginxNotFoundError:
-    HAVE_NGINX = False
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx missing ({INSTALL_HINT})")
+@needs_nginx
 @pytest.mark.skipif(not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
                     reason="apt-get install dataset-fashion-mnist")  # fmt: skip
 def test_a_tighter_cap_gives_a_proportionally_larger_probed_ratio(tmp_path):

@@ -11,22 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import needs_nginx
 from PIL import Image
 
 from dataecho.cli import main
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
-from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
 
-try:
-    find_nginx()
-    HAVE_NGINX = True
-except NginxNotFoundError:
-    HAVE_NGINX = False
 needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",
 )
-needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx missing ({INSTALL_HINT})")
 RUNS = ["no echo", "e=4", "auto"]
 
 

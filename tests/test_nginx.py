@@ -17,11 +17,11 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+from conftest import needs_nginx
 
 from dataecho.loader import EchoingDataLoader
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
 from dataecho.sources.nginx import (
-    INSTALL_HINT,
     NginxNotFoundError,
     NginxServer,
     _direct,
@@ -30,12 +30,6 @@ from dataecho.sources.nginx import (
 )
 from dataecho.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
 
-try:
-    find_nginx()
-    HAVE_NGINX = True
-except NginxNotFoundError:
-    HAVE_NGINX = False
-needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx not installed ({INSTALL_HINT})")
 REPO = Path(__file__).resolve().parents[1]
 
 

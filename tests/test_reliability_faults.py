@@ -19,8 +19,8 @@ import urllib.error
 
 import numpy as np
 import pytest
-from conftest import torch_roundtrip
-from test_reliability_resume import damage_png, needs_nginx, shard_positions, synthetic
+from conftest import needs_nginx, torch_roundtrip
+from test_reliability_resume import damage_png, shard_positions, synthetic
 
 from dataecho.loader import EchoingDataLoader
 from dataecho.sources.nginx import NginxServer

@@ -13,18 +13,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_test_save_load_state, torch_roundtrip
+from conftest import needs_nginx, run_test_save_load_state, torch_roundtrip
 
 from dataecho.loader import EchoingDataLoader
-from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, NginxServer, find_nginx
+from dataecho.sources.nginx import NginxServer
 from dataecho.sources.shards import ShardDataset, write_image_shards
-
-try:
-    find_nginx()
-    HAVE_NGINX = True
-except NginxNotFoundError:
-    HAVE_NGINX = False
-needs_nginx = pytest.mark.skipif(not HAVE_NGINX, reason=f"nginx not installed ({INSTALL_HINT})")
 
 
 def synthetic(n: int, seed: int = 0):

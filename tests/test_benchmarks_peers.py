@@ -1,0 +1,144 @@
+"""The peers benchmark harness (issue 7): a tiny run of every section, its tables and report.
+
+No timing assertions: only the tables' shape, that every figure is finite, and counts that
+cannot depend on timing (fresh examples and steps of the fixed-budget quality runs).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:  # `python -m pytest` adds it; a bare `pytest` may not
+    sys.path.insert(0, ROOT)
+
+if importlib.util.find_spec("monai") is None:  # found without importing it (seconds)
+    pytest.skip(
+        "the peers benchmark compares against MONAI: pip install monai", allow_module_level=True
+    )
+
+from benchmarks import __main__ as dispatcher  # noqa: E402
+from benchmarks import peer_report, peers  # noqa: E402
+from benchmarks.peer_loaders import AdjacentRepeat, Case  # noqa: E402
+
+TINY = peers.Settings(
+    ratios=(4,), duration=0.4, warmup=0.2, rounds=1, overhead_rounds=1, raw_seconds=0.05,
+    quality_budget=512, quality_seeds=(0,), memory_batches=4,
+    memory_kinds=("dataloader", "dataecho"), shuffle_sizes=(0, 4096), train_limit=12_000, test_limit=1000,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def result():
+    return peers.run(TINY, log=lambda message: None)
+
+
+def cells(table: str) -> tuple[list[str], list[list[str]]]:
+    """The header and the body rows of a Markdown table, cells stripped."""
+    lines = table.splitlines()
+    split = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    return split(lines[0]), [split(line) for line in lines[2:]]
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def assert_finite(rows: list[list[str]], numeric: range) -> None:
+    for row in rows:
+        for i in numeric:
+            assert math.isfinite(number(row[i])), f"{row[0]}: column {i} = {row[i]!r}"
+
+
+@pytest.mark.timeout(240)
+def test_every_section_has_one_finite_row_per_case(result):
+    ratio = TINY.ratios[0]
+    overhead = peer_report.overhead_rows(result)
+    assert [r[0] for r in overhead] == [c.name for c in result["overhead"]]
+    assert len(overhead) == 4
+    assert_finite(overhead, [1, 2, 4, 5, 6])
+    for row in overhead:
+        assert all(math.isfinite(float(x)) for x in row[3].split("-")), row[3]
+    assert {r[7] for r in overhead} <= {"-", "ok", "MISS (< 0.98)"}
+
+    raw = peer_report.raw_rows(result)
+    assert len(raw) == 6 and {r[0] for r in raw} == {"example", "batch"}
+    assert_finite(raw, range(3, 6))
+
+    bound = peer_report.input_rows(result)
+    assert [r[1] for r in bound] == [c.name for c in TINY.input_bound_cases(ratio)]
+    assert all(len(r) == len(peer_report.INPUT_HEADERS) for r in bound)
+    assert_finite(bound, [0, *range(2, 10)])
+    targets = peer_report.target_rows(result)
+    assert len(targets) == 1 and targets[0][5].startswith(("yes", "no: "))
+
+    quality = peer_report.quality_rows(result)
+    assert [r[0] for r in quality] == [c.name for c in TINY.quality_cases()]
+    assert_finite(quality, range(1, 4))
+
+    memory = peer_report.memory_rows(result)
+    assert [r[0] for r in memory] == [c.name for c in TINY.memory_cases()]
+    assert_finite(memory, range(1, 7))
+    growth = peer_report.growth_rows(result)
+    assert [(r[0], r[1]) for r in growth] == [("0", "-"), ("4,096", "on"), ("4,096", "off")]
+    assert_finite(growth[1:], range(2, 6))
+
+
+@pytest.mark.timeout(240)
+def test_quality_runs_use_exactly_the_fresh_budget(result):
+    # Counts, not timing: every loader passes each budgeted example through once, and the
+    # fixed-factor loaders take e steps per fresh batch.
+    batches = TINY.quality_budget // TINY.batch_size
+    for row in result["quality"]:
+        assert row["fresh"] == TINY.quality_budget, row["case"].name
+        e = 1 if row["case"].kind == "dataloader" else TINY.quality_factor
+        assert row["steps"] == e * batches, row["case"].name
+
+
+@pytest.mark.timeout(240)
+def test_shuffle_buffer_grows_the_worker_by_at_least_its_payload(result):
+    runs = {(r["case"].shuffle_buffer, r["case"].snapshots): r for r in result["memory"]
+            if r["case"].where == "before_augment" and r["case"].echo == TINY.memory_factor}  # fmt: skip
+    for snapshots in (True, False):
+        growth_bytes = (runs[4096, snapshots]["worker_kb"] - runs[0, True]["worker_kb"]) * 1024
+        assert growth_bytes >= 4096 * 28 * 28  # the buffered images alone
+
+
+@pytest.mark.timeout(240)
+def test_report_and_plot_are_written(result, tmp_path):
+    path = peer_report.write(result, "python -m benchmarks peers --tiny", tmp_path)
+    text = path.read_text()
+    assert "`python -m benchmarks peers --tiny`" in text
+    assert text.count("\n## ") == 4 and "nan" not in text.lower().replace("nanosecond", "")
+    png = (tmp_path / "peers.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_adjacent_repeat_emits_copies_in_a_row():
+    out = list(AdjacentRepeat(list(range(5)), 3, transform=lambda x: x * 10, order_seed=None))
+    assert out == [v * 10 for v in range(5) for _ in range(3)]
+    shuffled = list(AdjacentRepeat(list(range(50)), 2, order_seed=1))
+    assert shuffled[::2] == shuffled[1::2] and sorted(shuffled[::2]) == list(range(50))
+    with pytest.raises(ValueError, match="repeats must be a whole number >= 1, got 1.5"):
+        AdjacentRepeat([1], 1.5)
+
+
+def test_case_names_and_quick_settings():
+    assert Case("monai", 4).name == "MONAI repeats=4"
+    assert Case("dataecho", "auto", "batch").name == "dataecho e=auto (batch)"
+    assert Case("dataecho", 2, "before_augment", 1024).name == (
+        "dataecho e=2 (before_augment, shuffle 1024)"
+    )
+    quick, _ = peers.parse(["--quick", "--ratios", "2", "3"])
+    assert quick.rounds == 1 and quick.duration < peers.Settings().duration
+    assert quick.ratios == (2.0, 3.0)
+
+
+def test_dispatcher_lists_peers(capsys):
+    assert dispatcher.main([]) == 0
+    assert "peers" in capsys.readouterr().out
