@@ -83,6 +83,21 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def checkpoint_to_resume(directory: str | Path, resume: bool) -> Path | None:
+    """The checkpoint a run resumes from (None: start afresh).
+
+    Without ``resume`` a folder that already holds checkpoints is refused: a new run must not
+    mix its checkpoints with an old run's.
+    """
+    path = latest_checkpoint(directory)
+    if not resume and path is not None:
+        raise CheckpointError(
+            f"{directory} already holds checkpoints ({path.name}); continue that run with "
+            "resume (--resume), or use an empty folder"
+        )
+    return path if resume else None
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """The state saved at ``path``, loaded with ``weights_only=True`` onto the CPU."""
     path = Path(path)

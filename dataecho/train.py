@@ -59,7 +59,7 @@ from tqdm import tqdm
 from dataecho.checkpoint import (
     CheckpointError,
     check_same,
-    latest_checkpoint,
+    checkpoint_to_resume,
     load_checkpoint,
     save_checkpoint,
 )
@@ -425,13 +425,8 @@ def _save(cfg, run, model, optimizer, loader, data, history, losses) -> None:  #
 
 def _resume_or_start(cfg, data, model, optimizer, loader, run, log):  # noqa: ANN001, ANN202
     """Load the latest checkpoint when resuming; refuse to mix a new run into an old folder."""
-    path = latest_checkpoint(cfg.checkpoint_dir)
+    path = checkpoint_to_resume(cfg.checkpoint_dir, cfg.resume)
     if not cfg.resume:
-        if path is not None:
-            raise CheckpointError(
-                f"{cfg.checkpoint_dir} already holds checkpoints ({path.name}); continue that "
-                "run with resume (--resume), or use an empty folder"
-            )
         return run, [], []
     if path is None:
         log(f"[{cfg.name}] no checkpoint in {cfg.checkpoint_dir} yet: starting from the beginning")

@@ -19,7 +19,7 @@ import torch
 from dataecho.checkpoint import (
     CheckpointError,
     check_same,
-    latest_checkpoint,
+    checkpoint_to_resume,
     load_checkpoint,
     save_checkpoint,
 )
@@ -69,13 +69,8 @@ class CheckpointMixin:
 
     def _resume_or_start(self) -> None:
         cfg = self.cfg
-        path = latest_checkpoint(cfg.checkpoint_dir)
+        path = checkpoint_to_resume(cfg.checkpoint_dir, cfg.resume)
         if not cfg.resume:
-            if path is not None:
-                raise CheckpointError(
-                    f"{cfg.checkpoint_dir} already holds checkpoints ({path.name}); continue "
-                    "that run with resume (--resume), or use an empty folder"
-                )
             return
         if path is None:
             self.say(f"[{cfg.name}] no checkpoint in {cfg.checkpoint_dir} yet: starting afresh")
