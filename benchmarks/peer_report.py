@@ -1,0 +1,303 @@
+"""Tables, plot and Markdown report of ``python -m benchmarks peers`` (see benchmarks.peers)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from benchmarks import common
+from benchmarks.peer_loaders import Case
+
+OVERHEAD_TARGET = 0.98
+MIB = 1024.0  # kB per MiB
+EXAMPLE_PAYLOAD = 28 * 28 + 2 * 8  # bytes: uint8 image, label and index
+
+
+def fmt(value, spec: str = "{:.2f}") -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    return spec.format(value)
+
+
+def _rate(w) -> float:
+    return w.steps / w.wall if w.wall else math.nan
+
+
+def _spread(w) -> float:
+    rate = _rate(w)
+    return 100 * (max(w.per_round) - min(w.per_round)) / rate if rate else math.nan
+
+
+def overhead_rows(result: dict) -> list[list[str]]:
+    windows = result["overhead"]
+    base = windows[Case("dataloader")]
+    rows = []
+    for case, w in windows.items():
+        ratio = _rate(w) / _rate(base)
+        # Round r of this case against round r of DataLoader: neighbours in time, so drift of
+        # the machine mostly cancels within a pair.
+        paired = [a / b for a, b in zip(w.per_round, base.per_round, strict=True)]
+        target = "-"
+        if case.kind == "dataecho":
+            target = "ok" if ratio >= OVERHEAD_TARGET else f"MISS (< {OVERHEAD_TARGET})"
+        rows.append([case.name, fmt(_rate(w)), fmt(ratio, "{:.3f}"),
+                     f"{min(paired):.3f}-{max(paired):.3f}", fmt(100 * w.wait / w.wall, "{:.1f}"),
+                     fmt(1e3 * w.compute / w.steps, "{:.1f}"), fmt(_spread(w), "{:.1f}"), target])  # fmt: skip
+    return rows
+
+
+OVERHEAD_HEADERS = ["loader (e = 1)", "steps/s", "vs DataLoader", "per round", "stall %",
+                    "step ms", "spread %", "target"]  # fmt: skip
+RAW_HEADERS = ["level", "stage (e = {e})", "copy", "items/s", "examples/s", "us/item"]
+
+
+def raw_rows(result: dict) -> list[list[str]]:
+    return [[r["level"], r["stage"], "yes" if r["copy"] else "no", fmt(r["items/s"], "{:,.0f}"),
+             fmt(r["examples/s"], "{:,.0f}"), fmt(r["us/item"], "{:.2f}")]
+            for r in result["raw"]]  # fmt: skip
+
+
+INPUT_HEADERS = ["R", "loader", "steps/s", "stall %", "fresh ex/s", "fresh / upstream",
+                 "realized e", "efficiency", "step ms", "spread %"]  # fmt: skip
+
+
+def input_figures(result: dict) -> list[dict]:
+    """Section 2's figures per (R, loader)."""
+    s, t_down, windows = result["settings"], result["t_down"], result["input_bound"]
+    out = []
+    for (ratio, case), w in windows.items():
+        base = _rate(windows[(ratio, Case("dataloader"))])
+        factor = s.max_echo_factor if case.echo == "auto" else float(case.echo)
+        upstream = s.batch_size / (ratio * t_down)  # examples/s the throttle allows
+        out.append({
+            "R": ratio, "case": case, "steps/s": _rate(w), "stall %": 100 * w.wait / w.wall,
+            "fresh ex/s": w.fresh / w.wall, "fresh / upstream": w.fresh / w.wall / upstream,
+            "realized e": w.steps * s.batch_size / w.fresh if w.fresh else math.nan,
+            "efficiency": _rate(w) / (min(factor, ratio) * base),
+            "step ms": 1e3 * w.compute / w.steps if w.steps else math.nan,
+            "spread %": _spread(w),
+        })  # fmt: skip
+    return out
+
+
+def input_rows(result: dict) -> list[list[str]]:
+    specs = ["{:g}", "{}", "{:.2f}", "{:.1f}", "{:,.0f}", "{:.3f}", "{:.2f}", "{:.3f}",
+             "{:.1f}", "{:.1f}"]  # fmt: skip
+    return [[fmt(f[h] if h != "loader" else f["case"].name, spec)
+             for h, spec in zip(INPUT_HEADERS, specs, strict=True)]
+            for f in input_figures(result)]  # fmt: skip
+
+
+TARGET_HEADERS = ["R", "fastest peer", "peer steps/s", "dataecho fixed e: steps/s / peer's",
+                  "auto: steps/s / best fixed e's", "never slower?"]  # fmt: skip
+
+
+def label(case: Case) -> str:
+    """A dataecho case in a few words: where, its shuffle buffer, "+batch aug"."""
+    shuffle = f" +shuffle {case.shuffle_buffer}" if case.shuffle_buffer > 1 else ""
+    return case.where + shuffle + (" +batch aug" if case.batch_augment else "")
+
+
+def target_rows(result: dict) -> list[list[str]]:
+    """Per R: the fastest peer at e = R against each dataecho loader."""
+    figures = input_figures(result)
+    rows = []
+    for ratio in result["settings"].ratios:
+        here = [f for f in figures if f["R"] == ratio]
+        peers = [f for f in here if f["case"].kind in ("monai", "adjacent")]
+        fixed = [f for f in here if f["case"].kind == "dataecho" and f["case"].echo != "auto"]
+        auto = [f for f in here if f["case"].echo == "auto"]
+        best_peer = max(peers, key=lambda f: f["steps/s"])
+        best_fixed = max(fixed, key=lambda f: f["steps/s"])
+        ours = "; ".join(
+            f"{label(f['case'])} {f['steps/s'] / best_peer['steps/s']:.3f}" for f in fixed
+        )
+        autos = "; ".join(
+            f"{label(f['case'])} {f['steps/s'] / best_fixed['steps/s']:.3f}" for f in auto
+        )
+        slower = [label(f["case"]) for f in fixed if f["steps/s"] < best_peer["steps/s"]]
+        verdict = "yes" if not slower else "no: " + ", ".join(slower)
+        rows.append([fmt(ratio, "{:g}"), best_peer["case"].name, fmt(best_peer["steps/s"]),
+                     ours, autos or "-", verdict])  # fmt: skip
+    return rows
+
+
+QUALITY_HEADERS = ["loader", "fresh examples", "steps", "test accuracy (mean)", "per seed"]
+
+
+def quality_rows(result: dict) -> list[list[str]]:
+    return [[r["case"].name, f"{r['fresh']:,}", f"{r['steps']:,}",
+             fmt(statistics.fmean(r["accs"]), "{:.4f}"), " / ".join(f"{a:.4f}" for a in r["accs"])]
+            for r in result["quality"]]  # fmt: skip
+
+
+MEMORY_HEADERS = ["loader (e = {e})", "main start MiB", "main peak MiB", "main growth MiB",
+                  "worker peak MiB", "worker vs DataLoader MiB", "batches"]  # fmt: skip
+
+
+def memory_rows(result: dict) -> list[list[str]]:
+    runs = result["memory"]
+    base = next((r["worker_kb"] for r in runs if r["case"].kind == "dataloader"), math.nan)
+    return [[r["case"].name, fmt(r["start_kb"] / MIB, "{:.0f}"), fmt(r["main_kb"] / MIB, "{:.0f}"),
+             fmt((r["main_kb"] - r["start_kb"]) / MIB, "{:.1f}"), fmt(r["worker_kb"] / MIB, "{:.0f}"),
+             fmt((r["worker_kb"] - base) / MIB, "{:+.1f}"), str(r["batches"])]
+            for r in runs]  # fmt: skip
+
+
+GROWTH_HEADERS = ["shuffle buffer (examples)", "worker state snapshots", "worker peak MiB",
+                  "growth MiB", "bytes / buffered example", "marginal bytes / example"]  # fmt: skip
+
+
+def growth_rows(result: dict) -> list[list[str]]:
+    """dataecho before_augment at the memory factor, by shuffle buffer size (0 = none).
+
+    Growth is over the no-buffer run; *marginal* is between this size and the previous one,
+    which cancels whatever constant the buffer adds (the slope is the cost per example).
+    """
+    e = result["settings"].memory_factor
+    runs = [r for r in result["memory"]
+            if r["case"].kind == "dataecho" and r["case"].where == "before_augment"
+            and r["case"].echo == e and not r["case"].batch_augment]  # fmt: skip
+    zero = next((r for r in runs if r["case"].shuffle_buffer <= 1), None)
+    if zero is None:
+        return []
+
+    def row(r: dict, prev: tuple[int, float] | None) -> tuple[list[str], tuple[int, float]]:
+        n = r["case"].shuffle_buffer
+        growth = (r["worker_kb"] - zero["worker_kb"]) * 1024
+        marginal = (growth - prev[1]) / (n - prev[0]) if prev and n > prev[0] else math.nan
+        snapshots = "-" if r is zero else "on" if r["case"].snapshots else "off"
+        return [f"{n:,}", snapshots, fmt(r["worker_kb"] / MIB, "{:.0f}"),
+                fmt(growth / 2**20, "{:.1f}"), fmt(growth / n if n > 1 else math.nan, "{:,.0f}"),
+                fmt(marginal, "{:,.0f}")], (n, growth)  # fmt: skip
+
+    rows = [row(zero, None)[0]]
+    for snapshots in (True, False):
+        series = sorted((r for r in runs if r is not zero and r["case"].snapshots == snapshots),
+                        key=lambda r: r["case"].shuffle_buffer)  # fmt: skip
+        prev = (0, 0.0)
+        for r in series:
+            cells, prev = row(r, prev)
+            rows.append(cells)
+    return rows
+
+
+def plot(result: dict, path: Path) -> None:
+    """Steps/s and efficiency against R, one line per loader."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    def series(case: Case) -> str:  # the loader's name with its factor (= R) as "R"
+        return case.name if case.echo == "auto" else case.name.replace(f"={case.echo:g}", "=R")
+
+    figures = input_figures(result)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.2))
+    for name in dict.fromkeys(series(f["case"]) for f in figures):
+        pts = [f for f in figures if series(f["case"]) == name]
+        xs = [f["R"] for f in pts]
+        style = "--" if pts[0]["case"].kind in ("monai", "adjacent", "dataloader") else "-"
+        axes[0].plot(xs, [f["steps/s"] for f in pts], style, marker="o", label=name)
+        axes[1].plot(xs, [f["efficiency"] for f in pts], style, marker="o", label=name)
+    axes[0].set(
+        xlabel="R = t_up / t_down",
+        ylabel="training steps / s",
+        xscale="log",
+        title="Throughput, e = R",
+    )
+    axes[1].set(xlabel="R = t_up / t_down", ylabel="efficiency", xscale="log",
+                title="steps/s / (min(e, R) x no-echo steps/s)")  # fmt: skip
+    for ax in axes:
+        ax.set_xticks(result["settings"].ratios, [f"{r:g}" for r in result["settings"].ratios])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.suptitle(f"dataecho vs peers (peers dashed); t_down = {result['t_down'] * 1e3:.1f} ms, "
+                 f"{result['machine']['cpu']}", fontsize=9)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(result: dict, command: str) -> str:
+    s, m = result["settings"], result["machine"]
+    table = common.markdown_table
+    e_raw, e_mem = s.raw_factor, s.memory_factor
+    return f"""\
+# dataecho vs peers (issue 7)
+
+Command: `{command}` ({m["date"]}).
+Machine: {m["cpu"]}; torch {m["torch"]}, Python {m["python"]}; {result["threads"]}.
+Load average (1/5/15 min) before: {m["load_before"]}; after: {m["load_after"]}.
+t_down = {result["t_down"] * 1e3:.2f} ms (SmallCNN + SGD step, batch {s.batch_size}, median of 30
+steps alone). Upstream: Fashion-MNIST in memory behind `Throttled` (sleeping reads) at
+R x t_down per batch, one loader worker, `Augment` per emitted example in the worker (MONAI and
+dataecho batch echoing repeat augmented batches). Cases interleaved, A B C ... A B C ...
+Section times (s): {", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items())}.
+
+## 1. Overhead at e = 1 (unthrottled upstream; {s.overhead_rounds} round(s) of {s.duration:g} s)
+
+{table(OVERHEAD_HEADERS, overhead_rows(result))}
+
+Raw echo-stage throughput, in one process on items already in memory (e = {e_raw};
+example = uint8 1x28x28 + label, batch = {s.batch_size} of them):
+
+{table([h.format(e=e_raw) for h in RAW_HEADERS], raw_rows(result), align="lllrrr")}
+
+## 2. Input-bound, e = R ({s.rounds} round(s) of {s.duration:g} s per case)
+
+dataecho example-level shuffle buffer {s.example_shuffle} examples, batch-level {s.batch_shuffle}
+batches; auto: `max_echo_factor={s.max_echo_factor:g}`.
+
+{table(INPUT_HEADERS, input_rows(result), align="rl" + "r" * 8)}
+
+Against the fastest peer at equal e (ratios of steps/s):
+
+{table(TARGET_HEADERS, target_rows(result), align="rlrlll")}
+
+Columns: *fresh ex/s* = distinct examples first received by the step / wall time; *fresh /
+upstream* = that over the throttle's rate (B / (R t_down)); *realized e* = examples stepped on
+/ fresh; *stall %* = time in `next(loader)` / wall; *efficiency* = steps/s / (min(e, R) x
+no-echo steps/s at the same R), e = max_echo_factor for auto; *step ms* = the step's wall time
+in this case (slower than t_down when the loader competes for the cores); *spread %* = (max -
+min) / mean of the per-round steps/s.
+
+## 3. Quality per fresh example, e = {s.quality_factor}
+
+{s.quality_budget:,} fresh training examples (a random subset per seed, one pass through each
+loader), SGD lr 0.01 momentum 0.9 for every loader (not tuned per loader), test accuracy on
+the 10,000 test images; seeds {", ".join(map(str, s.quality_seeds))}.
+
+{table(QUALITY_HEADERS, quality_rows(result), align="lrrrl")}
+
+## 4. Memory
+
+Peak resident set per case, each in a process forked from the benchmark (torch, dataecho and
+MONAI imported, Fashion-MNIST loaded); *main start* = what the fork left resident,
+*main growth* = its peak over that; *worker peak* = the loader worker's peak (it shares pages
+with the process it was forked from, which count too). The loader is iterated without training.
+
+{table([h.format(e=e_mem) for h in MEMORY_HEADERS], memory_rows(result))}
+
+dataecho `before_augment`, e = {e_mem}, by post-echo shuffle buffer (it lives in the worker),
+with the worker's state snapshots for checkpoints on (the default: one every
+shuffle_buffer / batch_size batches) and off; payload = {EXAMPLE_PAYLOAD} bytes per example
+(uint8 image, label, index):
+
+{table(GROWTH_HEADERS, growth_rows(result))}
+
+![steps/s and efficiency against R](peers.png)
+"""
+
+
+def write(result: dict, command: str, out: Path) -> Path:
+    """Write ``peers.md`` and ``peers.png`` into ``out``; the report's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / "peers.png")
+    path = out / "peers.md"
+    path.write_text(markdown(result, command))
+    return path

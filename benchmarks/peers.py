@@ -1,0 +1,338 @@
+"""dataecho against its peers (issue 7), side by side, interleaved, on one upstream and model.
+
+    python -m benchmarks peers            # ~12 minutes; writes bench-results/peers/
+    python -m benchmarks peers --quick    # ~3 minutes; a few seconds per case
+
+Upstream: Fashion-MNIST held in memory, read through ``dataecho.sources.Throttled`` (sleeping
+reads) at R x t_down per batch of 128, in one loader worker that also augments (``Augment``
+per example). Step: :class:`benchmarks.common.TrainStep` (SmallCNN + SGD) on 1 torch thread.
+Loaders: see :mod:`benchmarks.peer_loaders`. Sections:
+
+1. overhead at e = 1 on the unthrottled upstream, plus raw echo-stage throughput;
+2. input-bound, R in {2, 4, 8}, e = R: steps/s, stall, fresh examples/s, efficiency;
+3. test accuracy after a fixed fresh-example budget at equal e;
+4. peak RSS of each loader, and dataecho's growth with its shuffle buffer
+   (:mod:`benchmarks.peer_memory`: one forked process per case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import common, peer_memory, peer_report
+from benchmarks.peer_loaders import Case, build
+from dataecho.sources.fashion_mnist import FashionMNIST
+from dataecho.sources.throttled import Throttled
+from dataecho.stages import echo
+from dataecho.workloads.augment import Augment
+from dataecho.workloads.cnn import evaluate
+
+
+@dataclass(frozen=True)
+class Settings:
+    ratios: tuple[float, ...] = (2, 4, 8)
+    batch_size: int = 128
+    duration: float = 4.0  # measured seconds per case and round (sections 1 and 2)
+    warmup: float = 1.0  # seconds (and >= 2 steps) before measuring
+    rounds: int = 2
+    overhead_rounds: int = 3
+    raw_seconds: float = 1.0  # per raw echo-stage measurement
+    raw_factor: int = 4
+    example_shuffle: int = 1024  # dataecho's example-level shuffle buffer, in examples
+    batch_shuffle: int = 8  # dataecho's batch-level shuffle buffer, in batches
+    auto_wheres: tuple[str, ...] = ("batch", "before_augment")
+    max_echo_factor: float = 16
+    quality_factor: int = 4
+    quality_budget: int = 12_800  # fresh examples per quality run
+    quality_seeds: tuple[int, ...] = (0, 1)
+    memory_factor: int = 4
+    memory_batches: int = 100
+    memory_kinds: tuple[str, ...] = ("dataloader", "monai", "adjacent", "dataecho")
+    shuffle_sizes: tuple[int, ...] = (0, 2048, 8192, 32768)
+    train_limit: int | None = None  # examples of the training split held (None: all 60,000)
+    test_limit: int | None = None  # test examples evaluated (None: all 10,000)
+    threads: int = 1
+    seed: int = 0
+
+    def input_bound_cases(self, ratio: float) -> list[Case]:
+        """Section 2's loaders at R = ``ratio``, all echoing e = R (rounded)."""
+        e = max(1, round(ratio))
+        return [
+            Case("dataloader"),
+            Case("monai", e),
+            Case("adjacent", e),
+            # Without a shuffle buffer first: what the peers do (copies adjacent), then with.
+            Case("dataecho", e, "before_augment"),
+            Case("dataecho", e, "before_augment", self.example_shuffle),
+            Case("dataecho", e, "after_augment", self.example_shuffle),
+            Case("dataecho", e, "batch"),
+            Case("dataecho", e, "batch", self.batch_shuffle),
+            Case("dataecho", e, "before_augment", self.example_shuffle, batch_augment=True),
+            *(Case("dataecho", "auto", w) for w in self.auto_wheres),
+        ]
+
+    def quality_cases(self) -> list[Case]:
+        e = self.quality_factor
+        return [
+            Case("dataloader"),
+            Case("monai", e),
+            Case("adjacent", e),
+            Case("dataecho", e, "batch", self.batch_shuffle),
+            Case("dataecho", e, "before_augment", self.example_shuffle),
+        ]
+
+    def memory_cases(self) -> list[Case]:
+        e = self.memory_factor
+        peers = [Case("dataloader"), Case("monai", e), Case("adjacent", e)]
+        ours = [
+            Case("dataecho", e, "before_augment"),
+            Case("dataecho", e, "after_augment"),
+            Case("dataecho", e, "batch"),
+            Case("dataecho", "auto", "batch"),
+        ]
+        growth = [
+            Case("dataecho", e, "before_augment", n, snapshots=snap)
+            for snap in (True, False)
+            for n in self.shuffle_sizes
+            if n > 1
+        ]
+        cases = [c for c in peers + ours if c.kind in self.memory_kinds]
+        return cases + (growth if "dataecho" in self.memory_kinds else [])
+
+
+QUICK = dict(
+    duration=1.5, warmup=0.5, rounds=1, overhead_rounds=1, raw_seconds=0.3,
+    quality_budget=2560, quality_seeds=(0,), memory_batches=40, shuffle_sizes=(0, 8192),
+)  # fmt: skip
+
+
+@dataclass
+class Window:
+    """One measured window of one case (or the sum over rounds)."""
+
+    wall: float = 0.0
+    steps: int = 0
+    fresh: int = 0  # distinct examples first seen by the step in the window
+    wait: float = 0.0  # seconds in next(loader)
+    compute: float = 0.0  # seconds in the training step
+    per_round: list[float] = field(default_factory=list)  # steps/s of each round
+
+    def __add__(self, other: Window) -> Window:
+        return Window(
+            self.wall + other.wall,
+            self.steps + other.steps,
+            self.fresh + other.fresh,
+            self.wait + other.wait,
+            self.compute + other.compute,
+            self.per_round + other.per_round,
+        )
+
+
+@dataclass
+class Context:
+    """What every section shares: settings, data, augmentation, step and t_down."""
+
+    s: Settings
+    train: Any
+    test: Any
+    augment: Augment
+    step: common.TrainStep
+    t_down: float
+
+
+def train_window(ctx: Context, case: Case, data: Any) -> Window:
+    """Train on ``case``'s loader: warm up, then count ``ctx.s.duration`` seconds."""
+    s = ctx.s
+    run = build(case, data, ctx.augment, batch_size=s.batch_size, seed=s.seed, shuffle=True,
+                max_echo_factor=s.max_echo_factor)  # fmt: skip
+    seen: set[int] = set()  # example indices the step has received: fresh = first sightings
+    try:
+        warm_until, steps = time.perf_counter() + s.warmup, 0
+        while time.perf_counter() < warm_until or steps < 2:
+            images, labels, index = next(run)
+            seen.update(index.tolist())
+            ctx.step(images, labels)
+            steps += 1
+        w, fresh0 = Window(), len(seen)
+        start = time.perf_counter()
+        while (now := time.perf_counter()) < start + s.duration:
+            try:
+                images, labels, index = next(run)
+            except StopIteration:  # the epoch ran out: the window ends here
+                break
+            w.wait += time.perf_counter() - now
+            seen.update(index.tolist())
+            w.compute += ctx.step(images, labels)
+            w.steps += 1
+        w.wall = time.perf_counter() - start
+        w.fresh = len(seen) - fresh0
+        w.per_round = [w.steps / w.wall]
+    finally:
+        run.close()
+    return w
+
+
+def overhead(ctx: Context, log) -> dict[Case, Window]:
+    """Section 1: e = 1 on the unthrottled upstream, interleaved rounds."""
+    cases = [Case("dataloader"), Case("dataecho", 1, "before_augment"),
+             Case("monai", 1), Case("adjacent", 1)]  # fmt: skip
+    rounds = ctx.s.overhead_rounds
+    raw = common.interleaved(
+        cases, rounds, lambda c: train_window(ctx, c, ctx.train), log, lambda c: c.name
+    )
+    return {c: sum(ws[1:], ws[0]) for c, ws in raw.items()}
+
+
+def raw_throughput(s: Settings) -> list[dict]:
+    """Section 1b: items/s out of each echo stage alone, on items already in memory."""
+    from monai.data.thread_buffer import buffer_iterator
+
+    g = torch.Generator().manual_seed(s.seed)
+    examples = [(torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8, generator=g), i % 10)
+                for i in range(4096)]  # fmt: skip
+    batches = [(torch.randint(0, 256, (s.batch_size, 1, 28, 28), dtype=torch.uint8, generator=g),
+                torch.arange(s.batch_size)) for _ in range(32)]  # fmt: skip
+    e = s.raw_factor
+
+    def adjacent(items):
+        for item in items:
+            for _ in range(e):
+                yield item
+
+    stages = [
+        ("example", "dataecho Echo", True, lambda: echo(examples, e, seed=0, copy=True)),
+        ("example", "dataecho Echo", False, lambda: echo(examples, e, seed=0, copy=False)),
+        ("example", "adjacent repeats (generator)", False, lambda: adjacent(examples)),
+        ("batch", "dataecho Echo", True, lambda: echo(batches, e, seed=0, copy=True)),
+        ("batch", "dataecho Echo", False, lambda: echo(batches, e, seed=0, copy=False)),
+        (
+            "batch",
+            "MONAI buffer_iterator",
+            False,
+            lambda: buffer_iterator(batches, buffer_size=1, repeats=e),
+        ),  # fmt: skip
+    ]
+    rows = []
+    for level, name, copy, make in stages:
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < s.raw_seconds:
+            for _ in make():
+                count += 1
+        seconds = time.perf_counter() - start
+        per = s.batch_size if level == "batch" else 1
+        rows.append({"level": level, "stage": name, "copy": copy, "items/s": count / seconds,
+                     "examples/s": count * per / seconds, "us/item": 1e6 * seconds / count})  # fmt: skip
+    return rows
+
+
+def input_bound(ctx: Context, log) -> dict[tuple[float, Case], Window]:
+    """Section 2: every (R, loader) case, interleaved over rounds."""
+    s = ctx.s
+    cases = [(r, c) for r in s.ratios for c in s.input_bound_cases(r)]
+
+    def one(case: tuple[float, Case]) -> Window:
+        delay = case[0] * ctx.t_down / s.batch_size
+        w = train_window(ctx, case[1], Throttled(ctx.train, delay=delay))
+        log(f"    {w.steps / w.wall:7.2f} steps/s, {w.fresh / w.wall:7.0f} fresh/s")
+        return w
+
+    raw = common.interleaved(cases, s.rounds, one, log, lambda c: f"R={c[0]:g} {c[1].name}")
+    return {case: sum(ws[1:], ws[0]) for case, ws in raw.items()}
+
+
+def quality(ctx: Context, log) -> list[dict]:
+    """Section 3: train once through ``quality_budget`` fresh examples; test accuracy."""
+    s = ctx.s
+    rows = []
+    for case in s.quality_cases():
+        accs, steps = [], 0
+        for seed in s.quality_seeds:
+            log(f"quality: {case.name}, seed {seed}")
+            order = torch.randperm(len(ctx.train), generator=torch.Generator().manual_seed(seed))
+            subset = torch.utils.data.Subset(ctx.train, order[: s.quality_budget].tolist())
+            step = common.TrainStep(seed=seed)
+            run = build(case, subset, ctx.augment, batch_size=s.batch_size, seed=seed,
+                        shuffle=True, max_echo_factor=s.max_echo_factor)  # fmt: skip
+            seen, steps = set(), 0
+            try:
+                for images, labels, index in run:
+                    seen.update(index.tolist())
+                    step(images, labels)
+                    steps += 1
+            finally:
+                run.close()
+            accs.append(evaluate(step.model, (ctx.test.images, ctx.test.labels)).accuracy)
+        rows.append({"case": case, "fresh": len(seen), "steps": steps, "accs": accs})
+    return rows
+
+
+def run(s: Settings, log=print) -> dict:
+    """Every section; the raw results and the context."""
+    threads = common.pin_threads(s.threads)
+    load_before = common.load_average()
+    train = FashionMNIST(split="train", limit=s.train_limit)
+    test = FashionMNIST(split="test", limit=s.test_limit)
+    step = common.TrainStep(seed=s.seed)
+    t_down = step.measure(s.batch_size)
+    log(f"t_down = {t_down * 1e3:.2f} ms per step ({threads}); load {load_before}")
+    ctx = Context(s, train, test, Augment(), step, t_down)
+    result: dict[str, Any] = {"settings": s, "t_down": t_down, "threads": threads}
+    sections = {
+        "overhead": lambda: overhead(ctx, log),
+        "raw": lambda: raw_throughput(s),
+        "input_bound": lambda: input_bound(ctx, log),
+        "quality": lambda: quality(ctx, log),
+        "memory": lambda: peer_memory.measure_all(s.memory_cases(), train, ctx.augment, s, log),
+    }
+    result["seconds"] = {}
+    for name, section in sections.items():
+        log(f"section {name}")
+        start = time.perf_counter()
+        result[name] = section()
+        result["seconds"][name] = time.perf_counter() - start
+    result["machine"] = common.machine_summary() | {
+        "load_before": load_before,
+        "load_after": common.load_average(),
+        "threads_alive": threading.active_count(),
+    }
+    return result
+
+
+def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
+    p = argparse.ArgumentParser(prog="python -m benchmarks peers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="a few seconds per case, 1 round")
+    p.add_argument("--rounds", type=int, help="interleaved rounds of section 2 (default 2)")
+    p.add_argument("--duration", type=float, help="measured seconds per case and round (4)")
+    p.add_argument("--ratios", type=float, nargs="+", help="R values (2 4 8)")
+    p.add_argument("--out", type=Path, default=common.REPO / "bench-results" / "peers",
+                   help="where peers.md and peers.png go")  # fmt: skip
+    a = p.parse_args(argv)
+    s = Settings(**QUICK) if a.quick else Settings()
+    given = {"rounds": a.rounds, "duration": a.duration,
+             "ratios": tuple(a.ratios) if a.ratios else None}  # fmt: skip
+    return replace(s, **{k: v for k, v in given.items() if v is not None}), a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    settings, a = parse(args)
+    result = run(settings, log=lambda m: print(m, file=sys.stderr, flush=True))
+    command = " ".join(["python -m benchmarks peers", *args])
+    path = peer_report.write(result, command, a.out)
+    print(path.read_text())
+    print(f"written: {path} and {path.with_name('peers.png')}", file=sys.stderr)
+    return 0 if all(math.isfinite(w.steps) for w in result["input_bound"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
