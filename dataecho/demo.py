@@ -51,7 +51,7 @@ class Plan:
     eval_every: int = 3_000  # fresh examples between evaluations
     eval_examples: int = 5_000  # test examples per evaluation (~0.3 s on one core)
     profile_seconds: float = 8.0  # 40% upstream, 20% step, 40% both
-    probe_examples: int = 10_240  # the calibration's run through the training loop (~10 s)
+    probe_examples: int = 12_000  # the calibration's run through the training loop (~12 s)
     examples_per_shard: int = EXAMPLES_PER_SHARD
 
 
@@ -104,6 +104,7 @@ def run_demo(args: argparse.Namespace) -> int:
     cal = calibrate(shard_dir, manifest, aim=args.upstream_ratio, data_dir=args.data_dir,
                     batch_size=plan.batch_size, seed=args.seed,
                     profile_seconds=plan.profile_seconds, probe_examples=plan.probe_examples,
+                    eval_every=plan.eval_every, eval_examples=plan.eval_examples,
                     bandwidth=args.bandwidth, emulate=emulate)  # fmt: skip
     with serve(shard_dir, cal.rate, emulate) as up:
         print(f"upstream: {up.description}")
