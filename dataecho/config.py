@@ -349,6 +349,17 @@ class TrainConfig:
         "test (cnn) or validation (char-lm) examples per evaluation; the final one uses all "
         "(default: 5,000 for cnn, 512 for char-lm)",
     )  # fmt: skip
+    screen_examples: int = _opt(
+        0, Int(0), "evaluation",
+        "with a target: evaluate first on this many of the evaluation examples, and on all of "
+        "them only when that screen comes within screen-margin of the target (0 = off); the "
+        "target is always decided on the full evaluation",
+    )  # fmt: skip
+    screen_margin: float = _opt(
+        0.02, Real(0), "evaluation",
+        "how far short of the target a screen may fall and still call the full evaluation "
+        "(accuracy points for cnn, nats for char-lm)",
+    )  # fmt: skip
     num_workers: int = _opt(
         1, Int(0), "machine",
         "DataLoader worker processes that read, decode, echo and augment (0: in the training "

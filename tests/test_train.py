@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.timeout(120),
 ]
 HISTORY_KEYS = ["fresh", "steps", "seconds", "accuracy", "train_loss", "realized_factor", "stall",
-                "step_seconds", "eval_seconds"]  # fmt: skip
+                "step_seconds", "eval_seconds", "screened"]  # fmt: skip
 
 
 def quiet(line: str) -> None:
@@ -43,6 +43,18 @@ def tiny(data_dir):
     base = TrainConfig(data_dir=data_dir, train_examples=1024, budget=1024, batch_size=64,
                        eval_every=512, eval_examples=200, num_workers=0)  # fmt: skip
     return lambda **changes: dataclasses.replace(base, **changes)
+
+
+def test_a_screen_skips_full_evaluations_far_from_the_target_and_never_decides_it(tiny):
+    unreachable = tiny(eval_every=128, target_accuracy=0.99, screen_examples=50)
+    far = train(unreachable, log=quiet).history
+    assert [row["screened"] for row in far] == [1] * 8  # all far below 0.97: screens only
+    near = tiny(eval_every=128, target_accuracy=0.3, screen_margin=0.3, screen_examples=50)
+    rows = train(near, log=quiet).history
+    # Within 0.3 of 0.3 is any accuracy: every evaluation is the full one, which decides.
+    assert [row["screened"] for row in rows][:1] == [0]
+    exact = train(tiny(eval_every=128, target_accuracy=0.3), log=quiet).history
+    assert [r["accuracy"] for r in rows] == [r["accuracy"] for r in exact[: len(rows)]]
 
 
 def test_plain_run_counts_fresh_steps_time_and_history(tiny):
