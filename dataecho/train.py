@@ -177,8 +177,8 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                         t0 = time.perf_counter()
                         metric, screened = _periodic_evaluation(cfg, model, data.eval_set)
                         run.eval_seconds += time.perf_counter() - t0
-                        row = _history_row(cfg, run, loader, metric, time.perf_counter() - start)
-                        row["screened"] = screened
+                        seconds = time.perf_counter() - start
+                        row = _history_row(cfg, run, loader, metric, screened, seconds)
                         history.append(row)
                         say(_log_line(cfg, row))
                         reached = (cfg.target is not None and not screened
@@ -357,7 +357,12 @@ def _logger(cfg: TrainConfig, log: Callable[[str], None]) -> Callable[[str], Non
 
 
 def _history_row(
-    cfg: TrainConfig, run: _Run, loader: EchoingDataLoader, metric: float, seconds: float
+    cfg: TrainConfig,
+    run: _Run,
+    loader: EchoingDataLoader,
+    metric: float,
+    screened: int,
+    seconds: float,
 ) -> dict[str, float]:
     s = loader.stats
     fresh0, out0, wait0, seconds0 = run.mark
@@ -373,6 +378,7 @@ def _history_row(
         # any two rows (what the demo's calibration measures on the real loop).
         "step_seconds": run.step_seconds,
         "eval_seconds": run.eval_seconds,
+        "screened": screened,  # 1: only the cheap screen ran (see _periodic_evaluation)
     }
     run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
     run.loss_sum, run.loss_count = 0.0, 0

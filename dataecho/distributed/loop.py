@@ -31,10 +31,12 @@ from dataecho.distributed.group import GroupInfo, Guard, init_group, shutdown_gr
 from dataecho.distributed.result import DistributedResult, RunCounters
 from dataecho.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
 from dataecho.train import (
+    _better,
     _evaluate,
     _log_line,
     _loss,
     _model,
+    _periodic_evaluation,
     _torch_threads,
     make_loader,
 )
@@ -163,7 +165,7 @@ class _Rank(CheckpointMixin):
     def _evaluate_now(self) -> None:
         cfg, run, s = self.cfg, self.run_, self.loader.stats
         t0 = time.perf_counter()
-        metric = _evaluate(cfg, _cpu(self.model), self.data.eval_set)
+        metric, screened = _periodic_evaluation(cfg, _cpu(self.model), self.data.eval_set)
         run.eval_seconds += time.perf_counter() - t0
         seconds = time.perf_counter() - self.start
         fresh0, out0, wait0, seconds0 = self.mark
@@ -173,6 +175,7 @@ class _Rank(CheckpointMixin):
             "train_loss": run.loss_sum / max(run.loss_count, 1),
             "realized_factor": (s.examples_out - out0) / max(s.fresh_examples - fresh0, 1),
             "stall": (s.wait_seconds - wait0) / max(seconds - seconds0, 1e-9),
+            "screened": screened,
             "allreduce_calls": self.stats.allreduce_calls,
             "allreduce_bytes": self.stats.allreduce_bytes,
             "comm_seconds": self.stats.comm_seconds,
@@ -182,9 +185,9 @@ class _Rank(CheckpointMixin):
         self.history.append(row)
         self.say(_log_line(cfg, row) + f" | {self.stats.allreduce_calls:,} all-reduces")
         target = cfg.target
-        if target is None or run.to_target is not None:
+        if target is None or run.to_target is not None or screened:
             return
-        if metric >= target if cfg.workload == "cnn" else metric <= target:
+        if _better(cfg, metric, target):
             run.to_target = [row["fresh"], row["steps"], row["seconds"]]
             run.stop_vote = True
 

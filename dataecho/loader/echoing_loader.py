@@ -66,6 +66,8 @@ class _WorkersNode(BaseNode[Any]):
         self._stats = stats
         self.deferred = deferred
         self.pending: collections.deque[int] = collections.deque()
+        # Only worker processes send small batches as pickled arrays (loader/transport.py).
+        self._piped = loader.num_workers > 0 and pipeline.pipe_small_batches
         self._it: Iterator[Any] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -78,7 +80,8 @@ class _WorkersNode(BaseNode[Any]):
 
     def next(self) -> Any:
         batch, fresh = next(self._it)
-        batch = from_wire(batch)
+        if self._piped:
+            batch = from_wire(batch)
         if self.deferred:
             self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
         else:
