@@ -23,6 +23,10 @@ BENCHMARKS = {
         "benchmarks.peers",
         "dataecho vs DataLoader, MONAI ThreadDataLoader and adjacent repeats (issue 7)",
     ),
+    "memory": (
+        "benchmarks.memory",
+        "bounded memory (issue 8): RSS of a 30-minute stream through nginx, e=4, 1 worker",
+    ),
 }
 
 

@@ -88,6 +88,7 @@ def calibrate(
     probe_examples: int = 10_240,
     eval_every: int | None = None,
     eval_examples: int = 200,
+    eval_in_background: bool = False,
     bandwidth: float | None = None,
     emulate: bool = False,
     say: Callable[[str], None] = print,
@@ -126,7 +127,7 @@ def calibrate(
     for attempt in range(2 if probe_examples else 0):
         with serve(shard_dir, rate, emulate) as up:
             cal.probed_ratio = probe(up.url, data_dir, batch_size, seed, probe_examples,
-                                     eval_every, eval_examples)  # fmt: skip
+                                     eval_every, eval_examples, eval_in_background)  # fmt: skip
         note(f"probe through the training loop ({probe_examples:,} fresh examples, no echo): a "
              f"cap of {rate / 1e6:.3g} MB/s gave R = {cal.probed_ratio:.2f}")  # fmt: skip
         off = cal.probed_ratio / aim
@@ -137,7 +138,8 @@ def calibrate(
 
 
 def probe(url: str, data_dir: Path, batch_size: int, seed: int, examples: int,
-          eval_every: int | None = None, eval_examples: int = 200) -> float:  # fmt: skip
+          eval_every: int | None = None, eval_examples: int = 200,
+          eval_in_background: bool = False) -> float:  # fmt: skip
     """R of a short no-echo run: time per step over compute per step, after a warm-up quarter.
 
     Give it the runs' own evaluation schedule: a step right after a large evaluation runs
@@ -146,8 +148,9 @@ def probe(url: str, data_dir: Path, batch_size: int, seed: int, examples: int,
     """
     cfg = TrainConfig(upstream=url, data_dir=data_dir, batch_size=batch_size, budget=examples,
                       eval_every=eval_every or max(batch_size, examples // 4),
-                      eval_examples=eval_examples, num_workers=WORKERS, threads=THREADS,
-                      seed=seed, progress=False, name="calibration probe")  # fmt: skip
+                      eval_examples=eval_examples, eval_in_background=eval_in_background,
+                      num_workers=WORKERS, threads=THREADS, seed=seed, progress=False,
+                      name="calibration probe")  # fmt: skip
     rows = train(cfg, log=lambda line: None).history
     first, last = rows[0], rows[-1]  # the first quarter holds worker start-up and first request
     wall = (last["seconds"] - first["seconds"]) - (last["eval_seconds"] - first["eval_seconds"])

@@ -9,14 +9,18 @@ Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(a
 (the call into the library), then list them in ``COMMANDS``. Errors the user can fix (missing
 data or nginx, an unreachable server, a bad option or config value, a checkpoint of another
 run) print one ``dataecho NAME: error: ...`` line and exit with status 2; anything else is a
-bug and keeps its traceback. Ctrl-C exits with 130 and SIGTERM with 143, both after every
-``finally`` on the way out has run (loader workers shut down, a server the command started
-stopped).
+bug and keeps its traceback. An error raised in a DataLoader worker is reported by its own
+message (torch wraps it in "Caught X in DataLoader worker process N" and the worker's
+traceback, which is printed below it). Ctrl-C exits with 130 and SIGTERM with 143, both after
+every ``finally`` on the way out has run (loader workers shut down, a server the command
+started stopped; with ``--checkpoint-on-exit`` a final checkpoint written: dataecho.shutdown);
+also for ``--nproc N``, whose launcher stops the ranks first.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import threading
@@ -29,6 +33,7 @@ from dataecho import demo
 from dataecho.checkpoint import CheckpointError
 from dataecho.config import CLI_TARGETS, Bool, Choice, ConfigError, config_from, flag, options
 from dataecho.distributed import LaunchError, RankFailure
+from dataecho.shutdown import Terminated
 from dataecho.sources.fashion_mnist import DataNotFoundError, IDXFormatError
 from dataecho.sources.nginx import NginxNotFoundError
 from dataecho.upstream import DATASETS, UpstreamError
@@ -235,22 +240,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args._run(args)
     except USER_ERRORS as err:
-        print(f"dataecho {args.command}: error: {err}", file=sys.stderr)
+        message, worker_traceback = _explain(err)
+        print(f"dataecho {args.command}: error: {message}", file=sys.stderr)
+        if worker_traceback:
+            print(f"\n{worker_traceback}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"dataecho {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _stopped(args.command, signal.SIGINT)
     except Terminated:
-        print(f"dataecho {args.command}: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        return _stopped(args.command, signal.SIGTERM)
+    except Exception as err:
+        signum = _launcher_signal(err)
+        if signum is None:
+            raise
+        return _stopped(args.command, signum)
     finally:
         _on_sigterm(previous)
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived. Raised in the main thread so that every ``finally`` runs on the way
-    out: loader workers are shut down and a server started by the command is stopped (the
-    default SIGTERM action would end the process without any of that)."""
+# torch's text for an exception raised in a DataLoader worker (``ExceptionWrapper.reraise``).
+_WORKER_ERROR = re.compile(
+    r"Caught \w+ in (?P<where>DataLoader worker process \d+)\.\n"
+    r"Original (?P<traceback>Traceback \(most recent call last\):\n.*)",
+    re.DOTALL,
+)
+
+
+def _explain(err: BaseException) -> tuple[str, str]:
+    """``(message, worker traceback)`` of an error. One raised in a DataLoader worker reaches
+    us re-raised with torch's text as its message ("Caught X in DataLoader worker process N",
+    then the worker's whole traceback); its own message (the shard, the record, the fix) is
+    the traceback's last entry. Any other error: ``(str(err), "")``."""
+    text = str(err)
+    found = _WORKER_ERROR.match(text)
+    if found is None:
+        return text, ""
+    trace, where = found["traceback"].rstrip(), found["where"]
+    kind, own = type(err), type(err).__name__
+    for name in (f"{kind.__module__}.{kind.__qualname__}", kind.__qualname__):
+        at = trace.rfind(f"\n{name}: ")  # builtins print without their module
+        if at >= 0:
+            own = trace[at + len(name) + 3 :]
+            break
+    return f"{own} (in {where}; its traceback below)", f"{where}: {trace}"
+
+
+def _stopped(command: str, signum: int) -> int:
+    """The line and exit status (128 + the signal's number) of a run stopped by a signal."""
+    word = "interrupted" if signum == signal.SIGINT else "terminated"
+    print(f"dataecho {command}: {word}", file=sys.stderr)
+    return 128 + signum
+
+
+def _launcher_signal(err: Exception) -> int | None:
+    """The signal behind ``err`` when it is the elastic launcher's (``--nproc N``): it turns
+    SIGINT/SIGTERM into its ``SignalException`` after stopping every rank. None otherwise."""
+    api = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
+    if api is None or not isinstance(err, api.SignalException):
+        return None
+    return int(err.sigval)
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -48,6 +48,13 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
 CLI_TARGETS = {"cnn": ("target_accuracy", 0.85), "char-lm": ("target_loss", 1.8)}
 
 
+NO_DATA_PARALLEL_EXIT_CHECKPOINT = (
+    "checkpoint_on_exit applies to single-process runs: a data-parallel run stops on SIGINT or "
+    "SIGTERM without a final checkpoint and resumes from its latest periodic one "
+    "(checkpoint_every); drop checkpoint_on_exit (--no-checkpoint-on-exit)"
+)
+
+
 # --- checks: one per kind of value; each names the key, the value seen and the valid range ----
 
 
@@ -282,6 +289,11 @@ class TrainConfig:
         "HTTP shard upstream: how long a stopped, stalled or dropping server is retried (with "
         "backoff) before the run stops with an error naming the shard and record",
     )  # fmt: skip
+    http_timeout: float = _opt(
+        30.0, Real(0, low_open=True), "data",
+        "HTTP shard upstream: seconds without a byte from the server before a request counts as "
+        "stalled (then retried, see retry-seconds)",
+    )  # fmt: skip
     echo_factor: float | str = _opt(
         1.0, EchoFactor(), "echoing",
         "copies per fresh item (1 = off; 2.5 = 2 or 3 at random, 2.5 on average), or 'auto': "
@@ -360,6 +372,12 @@ class TrainConfig:
         "how far short of the target a screen may fall and still call the full evaluation "
         "(accuracy points for cnn, nats for char-lm)",
     )  # fmt: skip
+    eval_in_background: bool = _opt(
+        False, Bool(), "evaluation",
+        "evaluate a snapshot of the weights in a background thread while training goes on "
+        "(dataecho.evaluation); a target counts as reached when that evaluation has finished, "
+        "and the run stops then, a few steps past the snapshot",
+    )  # fmt: skip
     num_workers: int = _opt(
         1, Int(0), "machine",
         "DataLoader worker processes that read, decode, echo and augment (0: in the training "
@@ -379,6 +397,11 @@ class TrainConfig:
         False, Bool(), "checkpoints",
         "continue from the latest checkpoint in the checkpoint folder (start afresh if it has "
         "none yet)",
+    )  # fmt: skip
+    checkpoint_on_exit: bool = _opt(
+        False, Bool(), "checkpoints",
+        "on SIGINT (Ctrl-C) or SIGTERM write a final checkpoint at the step reached (the loader "
+        "state matching the model), then stop; needs checkpoint-dir, single-process runs only",
     )  # fmt: skip
     progress: bool = _opt(
         False, Bool(), "output",
@@ -441,6 +464,18 @@ class TrainConfig:
             )
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir: the folder of the checkpoints")
+        if self.checkpoint_on_exit and self.checkpoint_dir is None:
+            raise ValueError(
+                "checkpoint_on_exit=True needs checkpoint_dir: the folder the final checkpoint "
+                "goes to; set checkpoint_dir (--checkpoint-dir DIR) or drop checkpoint_on_exit"
+            )
+        if self.checkpoint_on_exit and self.nproc > 1:
+            raise ValueError(f"nproc={self.nproc}: {NO_DATA_PARALLEL_EXIT_CHECKPOINT}")
+        if self.eval_in_background and self.nproc > 1:
+            raise ValueError(
+                f"eval_in_background=True with nproc={self.nproc}: data-parallel runs evaluate "
+                "in rank 0's loop; drop eval_in_background (--no-eval-in-background)"
+            )
 
     @property
     def target(self) -> float | None:

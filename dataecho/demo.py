@@ -54,6 +54,10 @@ class Plan:
     # target. The echoed runs cannot hide evaluations behind the upstream as the no-echo
     # run does (docs/benchmarks.md), so their cost matters.
     screen_examples: int = 1_000
+    # ... and in a background thread on a snapshot (dataecho.evaluation), so that a run with
+    # no slack (echoing at e = R) need not stop for them either; a target counts when its
+    # evaluation has finished.
+    eval_in_background: bool = True
     profile_seconds: float = 8.0  # 40% upstream, 20% step, 40% both
     probe_examples: int = 12_000  # the calibration's run through the training loop (~12 s)
     examples_per_shard: int = EXAMPLES_PER_SHARD
@@ -112,7 +116,8 @@ def run_demo(args: argparse.Namespace) -> int:
                     # the runs' typical evaluation: the screen, where there is one
                     eval_every=plan.eval_every,
                     eval_examples=plan.screen_examples or plan.eval_examples,
-                    bandwidth=args.bandwidth, emulate=emulate)  # fmt: skip
+                    eval_in_background=plan.eval_in_background, bandwidth=args.bandwidth,
+                    emulate=emulate)  # fmt: skip
     with serve(shard_dir, cal.rate, emulate) as up:
         print(f"upstream: {up.description}")
         results = [train(cfg, log=tqdm.write) for cfg in _configs(up.url, plan, args, target)]
@@ -158,6 +163,7 @@ def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> l
     common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
                   budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,
+                  eval_in_background=plan.eval_in_background,
                   num_workers=WORKERS, threads=THREADS,
                   seed=args.seed, progress=True, where="before_augment")  # fmt: skip
     runs = [("no echo", 1.0, 0), (f"e={args.echo_factor:g}", args.echo_factor, shuffle),

@@ -31,10 +31,13 @@ with this loop's predecessor, same loader and step, on 2 cores shared with other
 
 Checkpoints (``checkpoint_dir``): every ``checkpoint_every`` steps and at the end, the model,
 optimizer, loader state, counters, history and the loop's RNG, written atomically
-(:mod:`dataecho.checkpoint`). ``resume`` continues from the latest one. An in-memory upstream
-is map-style and resumes exactly where the checkpoint was without re-reading anything; a
-shard upstream resumes from its own checkpointed position (per worker): finished shards are
-not read again, and the current one is read past its consumed records without decoding them.
+(:mod:`dataecho.checkpoint`). ``resume`` continues from the latest one. With
+``checkpoint_on_exit``, SIGINT or SIGTERM also writes one at the step reached (the step under
+way finishes first; a wait for data is cut short) before the run stops
+(:mod:`dataecho.shutdown`). An in-memory upstream is map-style and resumes exactly where the
+checkpoint was without re-reading anything; a shard upstream resumes from its own
+checkpointed position (per worker): finished shards are not read again, and the current one
+is read past its consumed records without decoding them.
 With a fixed seed and ``num_workers`` 0 or 1, a resumed run's batches and losses equal those
 of the uninterrupted run. ``echo_factor="auto"`` depends on timing: a resume continues its
 stream without losing or doubling fresh examples, but not identically. Wall time after a
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 import statistics
 import time
@@ -60,14 +64,17 @@ from dataecho.checkpoint import (
     CheckpointError,
     check_same,
     checkpoint_to_resume,
+    list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from dataecho.config import TrainConfig
+from dataecho.config import NO_DATA_PARALLEL_EXIT_CHECKPOINT, TrainConfig
 from dataecho.distributed.group import in_torchrun
+from dataecho.evaluation import BackgroundEvaluator
 from dataecho.loader import EchoingDataLoader
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
+from dataecho.shutdown import ExitCheckpoint
 from dataecho.upstream import Data, build_data
 from dataecho.workloads import char_lm
 from dataecho.workloads.cnn import SmallCNN, evaluate
@@ -142,6 +149,9 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
     if cfg.nproc > 1 or in_torchrun():  # data parallel: dataecho.distributed
         from dataecho.distributed import run_distributed
 
+        if cfg.checkpoint_on_exit:  # nproc > 1 is refused by TrainConfig; torchrun here
+            raise ValueError(NO_DATA_PARALLEL_EXIT_CHECKPOINT)
+
         return run_distributed(cfg, log)
     with _torch_threads(cfg.threads):  # why 1: the module docstring's table
         torch.manual_seed(cfg.seed)  # the model's initial weights
@@ -157,10 +167,19 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         bar = TrainingProgress(loader, desc=cfg.name, batch_size=cfg.batch_size,
                                disable=not cfg.progress, total_steps=cfg.max_steps)  # fmt: skip
         start = time.perf_counter() - run.seconds  # after a resume: the checkpoint's wall time
-        try:
+        save = functools.partial(_save_on_exit, cfg, run, model, optimizer, loader, data,
+                                 history, losses, start)  # fmt: skip
+        on_exit = ExitCheckpoint(loader, save if cfg.checkpoint_on_exit else None, log=say,
+                                 label=cfg.name)  # signals: dataecho.shutdown  # fmt: skip
+        evaluate_snapshot = functools.partial(_periodic_evaluation, cfg, split=data.eval_set)
+        evaluator = (
+            BackgroundEvaluator(model, evaluate_snapshot) if cfg.eval_in_background else None
+        )
+        with bar, loader, on_exit, evaluator or contextlib.nullcontext():
+            # on the way out: handlers restored, workers and evaluation thread stopped, bar
             while not run.done:  # one pass of the loader: one epoch of fresh data
                 data.set_epoch(run.epoch)
-                for batch in bar.wrap(loader):
+                for batch in on_exit.batches(bar.wrap(loader)):
                     t0 = time.perf_counter()
                     loss = _loss(cfg, model, batch)
                     optimizer.zero_grad(set_to_none=True)
@@ -171,25 +190,11 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                     losses.append(loss.item())
                     run.loss_sum, run.loss_count = run.loss_sum + losses[-1], run.loss_count + 1
 
-                    fresh = loader.stats.fresh_examples
-                    at_limit = _at_limit(cfg, run, fresh)
-                    if fresh >= run.next_eval or at_limit:
-                        t0 = time.perf_counter()
-                        metric, screened = _periodic_evaluation(cfg, model, data.eval_set)
-                        run.eval_seconds += time.perf_counter() - t0
-                        seconds = time.perf_counter() - start
-                        row = _history_row(cfg, run, loader, metric, screened, seconds)
-                        history.append(row)
-                        say(_log_line(cfg, row))
-                        reached = (cfg.target is not None and not screened
-                                   and _better(cfg, metric, cfg.target))  # fmt: skip
-                        if reached and run.to_target is None:
-                            run.to_target = [row["fresh"], row["steps"], row["seconds"]]
-                        run.next_eval = (fresh // cfg.eval_every + 1) * cfg.eval_every
-                        run.done = at_limit or (reached and cfg.stop_at_target)
+                    _evaluations(cfg, run, model, loader, data, history, start, say, evaluator)
                     if cfg.checkpoint_dir and (run.done or run.steps % cfg.checkpoint_every == 0):
                         run.seconds = time.perf_counter() - start
                         _save(cfg, run, model, optimizer, loader, data, history, losses)
+                    on_exit.after_step()  # a signal during the step: checkpoint, then stop
                     if run.done:
                         break
                 else:
@@ -200,10 +205,11 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                             f"has {_size(data)} examples; use a smaller batch_size or more"
                         )
             run.seconds = time.perf_counter() - start
-        finally:
-            loader.close()
-            bar.close()
-        final = _evaluate(cfg, model, data.final_set, full=True)
+        # Stopped at a target found in the background: the final figures are those of the
+        # weights that reached it (the evaluator's snapshot), as they are in line.
+        at_target = evaluator is not None and run.to_target is not None and cfg.stop_at_target
+        final = _evaluate(cfg, evaluator.snapshot if at_target else model, data.final_set,
+                          full=True)  # fmt: skip
     return _result(cfg, run, loader, final, history, losses)
 
 
@@ -296,6 +302,59 @@ def _at_limit(cfg: TrainConfig, run: _Run, fresh: int) -> bool:
     return fresh >= cfg.budget or (cfg.max_steps is not None and run.steps >= cfg.max_steps)
 
 
+def _evaluations(
+    cfg: TrainConfig, run: _Run, model: torch.nn.Module, loader: EchoingDataLoader, data: Data,
+    history: list, start: float, say: Callable[[str], None],
+    evaluator: BackgroundEvaluator | None,
+) -> None:  # fmt: skip
+    """After a step: evaluate when the schedule says so (in line, or handed to ``evaluator``),
+    log what finished and decide whether the run is done."""
+    fresh = loader.stats.fresh_examples
+    at_limit = _at_limit(cfg, run, fresh)
+    due = fresh >= run.next_eval or at_limit
+    if due:
+        run.next_eval = (fresh // cfg.eval_every + 1) * cfg.eval_every
+    t0 = time.perf_counter()
+    if evaluator is None:
+        if due:
+            result = _periodic_evaluation(cfg, model, data.eval_set)
+            run.eval_seconds += time.perf_counter() - t0
+            row = _history_row(cfg, run, loader, *result, time.perf_counter() - start)
+            _took(cfg, run, history, say, row, result, row["seconds"])
+    else:
+        # Results first (one snapshot at a time: a due evaluation waits for the last), so
+        # that a run done at its target keeps that target's snapshot in the evaluator.
+        for row, result in evaluator.wait() if due else evaluator.poll():
+            _took(cfg, run, history, say, row, result, time.perf_counter() - start)
+        if due and not run.done:  # the row: the snapshot's figures; its metric comes later
+            row = _history_row(cfg, run, loader, float("nan"), 0, time.perf_counter() - start)
+            evaluator.submit(model, row)
+            if at_limit:
+                for row, result in evaluator.wait():
+                    _took(cfg, run, history, say, row, result, time.perf_counter() - start)
+        run.eval_seconds += (time.perf_counter() - t0) if due else 0.0
+    run.done = run.done or at_limit
+
+
+def _took(
+    cfg: TrainConfig, run: _Run, history: list, say: Callable[[str], None],
+    row: dict[str, float], result: tuple[float, int], known: float,
+) -> None:  # fmt: skip
+    """Record one finished evaluation; ``known``: when the run learned its result."""
+    metric, screened = result
+    row.update({_metric_key(cfg): metric, "screened": screened})
+    history.append(row)
+    say(_log_line(cfg, row))
+    reached = cfg.target is not None and not screened and _better(cfg, metric, cfg.target)
+    if reached and run.to_target is None:
+        run.to_target = [row["fresh"], row["steps"], known]
+    run.done = run.done or (reached and cfg.stop_at_target)
+
+
+def _metric_key(cfg: TrainConfig) -> str:
+    return "accuracy" if cfg.workload == "cnn" else "val_loss"
+
+
 def _periodic_evaluation(cfg: TrainConfig, model: torch.nn.Module, split: tuple) -> tuple:
     """``(metric, screened)``: with ``screen_examples``, a cheap look first.
 
@@ -304,13 +363,18 @@ def _periodic_evaluation(cfg: TrainConfig, model: torch.nn.Module, split: tuple)
     "far from the target" cheaply; only a screen within ``screen_margin`` of the target pays
     for the full evaluation, which alone decides whether the target is reached.
     """
-    n = cfg.screen_examples
-    if n and cfg.target is not None and n < len(split[0]):
-        metric = _evaluate(cfg, model, (split[0][:n], split[1][:n]))
+    n, (inputs, targets) = cfg.screen_examples, split
+    if n and cfg.target is not None and n < len(inputs):
+        screen = _evaluate(cfg, model, (inputs[:n], targets[:n]))
         near = cfg.target - cfg.screen_margin if cfg.workload == "cnn" else (
             cfg.target + cfg.screen_margin)  # fmt: skip
-        if not _better(cfg, metric, near):
-            return metric, 1
+        if not _better(cfg, screen, near):
+            return screen, 1
+        # The screen was the full evaluation's first n examples: only the rest remain to do.
+        rest = _evaluate(cfg, model, (inputs[n:], targets[n:]))
+        total = screen * n + rest * (len(inputs) - n)
+        # cnn: whole counts of correct answers, so the same float as one pass over all
+        return (round(total) if cfg.workload == "cnn" else total) / len(inputs), 0
     return _evaluate(cfg, model, split), 0
 
 
@@ -370,7 +434,7 @@ def _history_row(
         "fresh": s.fresh_examples,
         "steps": run.steps,
         "seconds": seconds,
-        "accuracy" if cfg.workload == "cnn" else "val_loss": metric,
+        _metric_key(cfg): metric,
         "train_loss": run.loss_sum / max(run.loss_count, 1),
         "realized_factor": (s.examples_out - out0) / max(s.fresh_examples - fresh0, 1),
         "stall": (s.wait_seconds - wait0) / max(seconds - seconds0, 1e-9),
@@ -432,21 +496,32 @@ def _size(data: Data) -> str:
 # --- checkpoints -----------------------------------------------------------------------------
 
 
-def _save(cfg, run, model, optimizer, loader, data, history, losses) -> None:  # noqa: ANN001
+def _save(cfg, run, model, optimizer, loader, data, history, losses, loader_state=None):  # noqa: ANN001, ANN202
     t0 = time.perf_counter()
     state = {
         "config": cfg.to_dict(),
         "data": data.identity,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "loader": loader.state_dict(),
+        "loader": loader.state_dict() if loader_state is None else loader_state,
         "run": dataclasses.asdict(run),
         "history": history,
         "losses": torch.tensor(losses, dtype=torch.float64),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
     }
-    save_checkpoint(cfg.checkpoint_dir, state, step=run.steps, keep=cfg.keep_checkpoints)
+    path = save_checkpoint(cfg.checkpoint_dir, state, step=run.steps, keep=cfg.keep_checkpoints)
     run.checkpoint_seconds += time.perf_counter() - t0
+    return path
+
+
+def _save_on_exit(cfg, run, model, optimizer, loader, data, history, losses, start, state):  # noqa: ANN001, ANN202
+    """The final checkpoint of a signalled run (:mod:`dataecho.shutdown`); a step already
+    checkpointed (periodically, at the end, or the one resumed from) is not written again."""
+    found = list_checkpoints(cfg.checkpoint_dir)
+    if found and found[-1][0] == run.steps:
+        return found[-1][1]
+    run.seconds = time.perf_counter() - start
+    return _save(cfg, run, model, optimizer, loader, data, history, losses, state)
 
 
 def _resume_or_start(cfg, data, model, optimizer, loader, run, log):  # noqa: ANN001, ANN202

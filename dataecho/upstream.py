@@ -164,6 +164,7 @@ def _shards(cfg: TrainConfig) -> tuple[shards.ShardDataset, str, str]:
     data = shards.ShardDataset(
         spec, manifest, shuffle_shards=True, seed=cfg.seed,
         on_bad_record=cfg.on_bad_record, retry_seconds=cfg.retry_seconds,
+        timeout_s=cfg.http_timeout,
     )  # fmt: skip
     size = sum(s["bytes"] for s in manifest["shards"]) / 1e6
     what = f"{len(data.urls)} shards, {data.num_examples:,} examples, {size:.1f} MB"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from importlib.metadata import entry_points
 
@@ -242,3 +244,83 @@ def test_a_command_is_required_and_every_command_has_help(capsys):
 def test_console_script_points_at_main():
     (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == "dataecho"]
     assert script.value == "dataecho.cli:main"
+
+
+# --- errors raised in a loader worker, and the HTTP timeout -----------------------------------
+
+
+def error_lines(err: str) -> tuple[str, str]:
+    """The ``dataecho train: error:`` paragraph and what follows it (the worker's traceback)."""
+    head, _, rest = err.partition("\n\n")
+    return head, rest
+
+
+@needs_data
+@pytest.mark.timeout(120)
+def test_a_bad_record_read_in_a_worker_is_one_paragraph_with_its_traceback_below(
+    small_dir, shard_dir, tmp_path, capsys
+):
+    from test_reliability_resume import damage_png
+
+    copy = tmp_path / "shards"
+    copy.mkdir()
+    for f in shard_dir.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    damage_png(copy / "fashion-mnist-000001.tar", record=6)
+    code = main(["train", "--upstream", str(copy), "--data-dir", str(small_dir), "--budget",
+                 "512", "--target-accuracy", "off", *TINY])  # fmt: skip
+    head, below = error_lines(capsys.readouterr().err)
+    assert code == 2
+    # The headline is the reader's own message: the shard, the record, the fix; not torch's
+    # "Caught BadRecordError in DataLoader worker process 0" wrapper.
+    assert head.startswith(
+        f"dataecho train: error: bad record in {copy}/fashion-mnist-000001.tar: record 6 "
+        "(key '00000134'): UnidentifiedImageError"
+    ), head
+    assert "--on-bad-record skip" in head and "Caught" not in head and "\n" not in head
+    assert head.endswith("(in DataLoader worker process 0; its traceback below)")
+    assert below.startswith("DataLoader worker process 0: Traceback (most recent call last):")
+    assert "in _decode_image" in below  # where it failed, for a bug report
+    assert "dataecho.sources.retrying.BadRecordError: bad record in" in below
+
+
+@needs_data
+@pytest.mark.skipif(not have_nginx(), reason="nginx not installed (apt-get install nginx-light)")
+@pytest.mark.timeout(120)
+def test_a_stalled_server_fails_after_http_timeout_naming_the_shard(small_dir, shard_dir, capsys):
+    # ~1.5 s per shard at this cap: the server is frozen while the run still reads.
+    with NginxServer(shard_dir, rate_limit_bytes_per_s=200_000) as server:
+        url = server.url
+        freeze = threading.Timer(2.0, os.killpg, (server.pid, signal.SIGSTOP))
+        freeze_started = time.monotonic()
+        freeze.start()
+        try:
+            code = main(["train", "--upstream", server.url, "--data-dir", str(small_dir),
+                         "--budget", "512", "--target-accuracy", "off", "--http-timeout", "0.3",
+                         "--retry-seconds", "1", *TINY])  # fmt: skip
+            stalled_for = time.monotonic() - 2.0 - freeze_started
+        finally:
+            freeze.cancel()
+            os.killpg(server.pid, signal.SIGCONT)
+    head, below = error_lines(capsys.readouterr().err)
+    assert code == 2
+    assert re.match(
+        rf"dataecho train: error: cannot read {url}/fashion-mnist-00000\d\.tar at record "
+        r"\d+ of 128 after retrying for 1\.\d s \(\d+ attempts; retry_seconds=1 sets how long\): "
+        r"TimeoutError: .*check that the upstream is up", head), head  # fmt: skip
+    assert head.endswith("(in DataLoader worker process 0; its traceback below)")
+    assert "ShardReadError" in below
+    # A stall counts after --http-timeout (0.3 s), not the default 30 s: the run gave up
+    # within seconds of the freeze (0.3 s per try, retried for 1 s), never near 30 s.
+    assert stalled_for < 20, stalled_for
+
+
+def test_http_timeout_is_checked_and_documented(capsys):
+    assert main(["train", "--http-timeout", "0"]) == 2
+    assert ("dataecho train: error: --http-timeout: http_timeout must be a finite number > 0, "
+            "got 0.0") in capsys.readouterr().err  # fmt: skip
+    assert TrainConfig().http_timeout == 30.0
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
+    text = " ".join(sub.format_help().split())
+    assert "--http-timeout X HTTP shard upstream: seconds without a byte" in text
+    assert "[a finite number > 0, default 30]" in text

@@ -1,0 +1,144 @@
+"""SIGINT/SIGTERM during a training loop: stop where the state is consistent, checkpoint, exit.
+
+    on_exit = ExitCheckpoint(loader, save=write_checkpoint, log=print, label="e=4")
+    with on_exit:
+        for batch in on_exit.batches(loader):
+            ...  # one step, its evaluation and periodic checkpoint
+            on_exit.after_step()
+
+A checkpoint is *consistent* when the model has taken exactly the steps whose batches the
+loader state says were delivered. The loop passes two such points on every step:
+
+- waiting for the next batch: the model has finished every delivered batch. A signal here
+  interrupts the wait at once (an upstream may stall, or retry for a minute); the checkpoint
+  holds the loader state taken just before the wait, so a batch that arrived together with the
+  signal is delivered again after a resume, never skipped and never trained on twice.
+- after a step (with its evaluation and periodic checkpoint): a signal during them only set a
+  flag, so the step is never cut in half; the loop stops here.
+
+``save(loader_state)`` writes the checkpoint and returns its path. Then the signal's usual
+exception goes on, ``KeyboardInterrupt`` for SIGINT and :class:`Terminated` for SIGTERM, so
+every ``finally`` on the way out runs (loader workers stop) and ``dataecho train`` exits with
+130 or 143. A second signal before that interrupts at once: the user insists, and atomic
+checkpoint writes leave no torn file. Without ``save`` (or off the main thread, where Python
+cannot handle signals) the guard does nothing and signals keep their usual handlers.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. Raised in the main thread (a BaseException, as KeyboardInterrupt is, so
+    that ``except Exception`` does not swallow it) so that every ``finally`` runs on the way
+    out; the default SIGTERM action would end the process without any of that."""
+
+
+def exception_for(signum: int) -> BaseException:
+    """What a signal raises in the main thread: KeyboardInterrupt (SIGINT) or Terminated."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+class ExitCheckpoint:
+    """Installs SIGINT/SIGTERM handlers for a training loop (see the module docstring).
+
+    Args:
+        loader: what the batches come from; its ``state_dict()`` goes into the checkpoint.
+        save: writes the final checkpoint from a loader state and returns its path; None: off.
+        log: where the one line about the signal and the checkpoint goes.
+        label: prefix of that line (the run's name).
+    """
+
+    def __init__(
+        self,
+        loader: Any,
+        save: Callable[[dict[str, Any]], Path] | None,
+        *,
+        log: Callable[[str], None] = print,
+        label: str = "",
+    ) -> None:
+        self.loader, self.save, self.log = loader, save, log
+        self.prefix = f"[{label}] " if label else ""
+        self.signum: int | None = None  # the first signal seen
+        self.path: Path | None = None  # the final checkpoint, once written
+        self._waiting = False
+        self._raised = False  # the signal's exception is on its way out
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether this guard's handlers are installed."""
+        return bool(self._previous)
+
+    def __enter__(self) -> ExitCheckpoint:
+        if self.save is None or threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in SIGNALS:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # ignored on purpose (nohup, a background job): keep ignoring it
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            # None: the handler was not set from Python; the default is the closest we have.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if exc_type is None and self.signum is not None and not self._raised:
+            # A signal after the last step's check: hand it to the usual handler now.
+            signal.raise_signal(self.signum)
+
+    def batches(self, batches: Iterable[T]) -> Iterator[T]:
+        """``batches``, with the loader state taken before each wait (module docstring)."""
+        if not self.active:
+            yield from batches
+            return
+        it = iter(batches)
+        while True:
+            state = self.loader.state_dict()  # every batch delivered so far is trained on
+            self._waiting = True
+            try:
+                if self.signum is not None:  # came between the last check and this wait
+                    self._raised = True
+                    raise exception_for(self.signum)
+                batch = next(it)
+            except StopIteration:
+                return
+            except (KeyboardInterrupt, Terminated):
+                self._waiting = False
+                if self.path is None and self.signum is not None:
+                    self._write(state, "while waiting for a batch")
+                raise
+            finally:
+                self._waiting = False
+            yield batch
+
+    def after_step(self) -> None:
+        """Call after each step and its checkpoint: a signal during them stops the loop here."""
+        if self.signum is None or not self.active:
+            return
+        self._write(self.loader.state_dict(), "during a step (stopped after it)")
+        self._raised = True
+        raise exception_for(self.signum)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is not None or self._waiting:
+            self.signum = self.signum if self.signum is not None else signum
+            self._raised = True
+            raise exception_for(signum)  # a wait, or a second signal: at once
+        self.signum = signum  # during a step: after_step stops the loop
+
+    def _write(self, loader_state: dict[str, Any], when: str) -> None:
+        assert self.save is not None and self.signum is not None
+        name = signal.Signals(self.signum).name
+        self.path = self.save(loader_state)
+        self.log(f"{self.prefix}{name} {when}: final checkpoint {self.path}; continue with "
+                 "--resume")  # fmt: skip
