@@ -48,13 +48,6 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
 CLI_TARGETS = {"cnn": ("target_accuracy", 0.85), "char-lm": ("target_loss", 1.8)}
 
 
-NO_DATA_PARALLEL_EXIT_CHECKPOINT = (
-    "checkpoint_on_exit applies to single-process runs: a data-parallel run stops on SIGINT or "
-    "SIGTERM without a final checkpoint and resumes from its latest periodic one "
-    "(checkpoint_every); drop checkpoint_on_exit (--no-checkpoint-on-exit)"
-)
-
-
 # --- checks: one per kind of value; each names the key, the value seen and the valid range ----
 
 
@@ -401,7 +394,8 @@ class TrainConfig:
     checkpoint_on_exit: bool = _opt(
         False, Bool(), "checkpoints",
         "on SIGINT (Ctrl-C) or SIGTERM write a final checkpoint at the step reached (the loader "
-        "state matching the model), then stop; needs checkpoint-dir, single-process runs only",
+        "state matching the model), then stop; needs checkpoint-dir (data parallel: every rank "
+        "stops after the same exchange)",
     )  # fmt: skip
     progress: bool = _opt(
         False, Bool(), "output",
@@ -469,8 +463,6 @@ class TrainConfig:
                 "checkpoint_on_exit=True needs checkpoint_dir: the folder the final checkpoint "
                 "goes to; set checkpoint_dir (--checkpoint-dir DIR) or drop checkpoint_on_exit"
             )
-        if self.checkpoint_on_exit and self.nproc > 1:
-            raise ValueError(f"nproc={self.nproc}: {NO_DATA_PARALLEL_EXIT_CHECKPOINT}")
         if self.eval_in_background and self.nproc > 1:
             raise ValueError(
                 f"eval_in_background=True with nproc={self.nproc}: data-parallel runs evaluate "

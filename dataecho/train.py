@@ -68,7 +68,7 @@ from dataecho.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from dataecho.config import NO_DATA_PARALLEL_EXIT_CHECKPOINT, TrainConfig
+from dataecho.config import TrainConfig
 from dataecho.distributed.group import in_torchrun
 from dataecho.evaluation import BackgroundEvaluator
 from dataecho.loader import EchoingDataLoader
@@ -148,9 +148,6 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
     cfg = config
     if cfg.nproc > 1 or in_torchrun():  # data parallel: dataecho.distributed
         from dataecho.distributed import run_distributed
-
-        if cfg.checkpoint_on_exit:  # nproc > 1 is refused by TrainConfig; torchrun here
-            raise ValueError(NO_DATA_PARALLEL_EXIT_CHECKPOINT)
 
         return run_distributed(cfg, log)
     with _torch_threads(cfg.threads):  # why 1: the module docstring's table

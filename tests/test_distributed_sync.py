@@ -21,6 +21,7 @@ import torch
 
 from dataecho.distributed import CommStats, GradientSync, Guard, ModelAveraging, fresh_batches
 from dataecho.distributed.group import init_group, shutdown_group
+from dataecho.distributed.sync import CONTROL
 from dataecho.loader import EchoingDataLoader
 from dataecho.loader.reading import IndexedReader
 
@@ -123,7 +124,7 @@ def _local_echo(guard: Guard, e: float, where: str, avg_prob: float = 1.0) -> di
         now = loader.stats.fresh_examples
         if fresh_batches(now, BATCH) > synced:
             synced = fresh_batches(now, BATCH)
-            summed = averaging.at_sync_point([now, steps, 0.0])
+            summed = averaging.at_sync_point([now, steps] + [0.0] * (CONTROL - 2))
             if summed is not None:
                 averaged.append(stats.sync_points)
                 snapshots.append(_flat(model))
@@ -140,7 +141,8 @@ def _ddp(guard: Guard, e: float) -> dict[str, Any]:
     for x, y in loader:
         loss = torch.nn.functional.cross_entropy(sync.model(x), y)
         opt.zero_grad()
-        sums.append(sync.exchange(loss, [float(len(y)), 1.0, float(guard.info.rank)]))
+        control = [float(len(y)), 1.0, float(guard.info.rank)] + [0.0] * (CONTROL - 3)
+        sums.append(sync.exchange(loss, control))
         opt.step()
         steps += 1
     return {"stats": stats.as_dict(), "fresh": loader.stats.fresh_examples, "steps": steps,
@@ -195,7 +197,7 @@ def test_local_echo_one_allreduce_per_fresh_batch_and_equal_models(ranks, e):
     for r in (a, b):
         assert r["steps"] == e * fresh_per_rank  # e steps per fresh batch
         assert r["stats"]["allreduce_calls"] == fresh_per_rank  # 1 round, whatever e
-        assert r["stats"]["allreduce_bytes"] == fresh_per_rank * (r["numel"] + 3) * 4
+        assert r["stats"]["allreduce_bytes"] == fresh_per_rank * (r["numel"] + CONTROL) * 4
         assert r["stats"]["other_calls"] == 1  # the starting broadcast
     assert torch.equal(a["start"], b["start"])  # rank 0's initial model on both
     assert len(a["snapshots"]) == fresh_per_rank
@@ -214,7 +216,7 @@ def test_ddp_one_allreduce_per_step_so_e_per_fresh_batch(ranks, e):
         assert r["steps"] == e * fresh_batches_per_rank
         assert r["stats"]["allreduce_calls"] == r["steps"]  # one bucket: one round a step
         # The control numbers ride in the gradient round: summed over both ranks.
-        assert r["sums"] == [[2.0 * BATCH, 2.0, 1.0]] * r["steps"]
+        assert r["sums"] == [[2.0 * BATCH, 2.0, 1.0] + [0.0] * (CONTROL - 3)] * r["steps"]
     assert torch.equal(a["final"], b["final"])  # averaged gradients: the same model
 
 

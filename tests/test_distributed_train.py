@@ -3,6 +3,7 @@ checkpoints, and a resume of them with another number of ranks (1, in this proce
 
 from __future__ import annotations
 
+import signal
 import socket
 
 import pytest
@@ -27,16 +28,19 @@ def two_rank_run(tmp_path_factory):
             "--checkpoint-every", "6", *TINY]  # fmt: skip
     lines: list[str] = []
     capture.setattr("builtins.print", lambda *a, **k: lines.append(" ".join(map(str, a))))
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = [signal.getsignal(s) for s in signals]
     try:
         status = cli.main(argv)
     finally:
         capture.undo()
-    return status, "\n".join(lines), folder
+    after = [signal.getsignal(s) for s in signals]
+    return status, "\n".join(lines), folder, (before, after)
 
 
 @pytest.mark.timeout(240)
 def test_nproc_2_trains_and_reports_counters_per_rank(two_rank_run):
-    status, out, _ = two_rank_run
+    status, out, *_ = two_rank_run
     assert status == 0, out
     assert "1,024 fresh" in out  # the budget counts both ranks' fresh examples
     for rank in (0, 1):
@@ -48,7 +52,7 @@ def test_nproc_2_trains_and_reports_counters_per_rank(two_rank_run):
 
 @pytest.mark.timeout(240)
 def test_rank_0_writes_checkpoints_with_every_ranks_loader(two_rank_run):
-    _, _, folder = two_rank_run
+    _, _, folder, _ = two_rank_run
     found = list_checkpoints(folder)
     assert found, "no checkpoint written"
     last = load_checkpoint(found[-1][1])
@@ -58,7 +62,7 @@ def test_rank_0_writes_checkpoints_with_every_ranks_loader(two_rank_run):
 
 @pytest.mark.timeout(240)
 def test_resume_with_another_number_of_ranks_continues_the_count(two_rank_run, monkeypatch):
-    _, _, folder = two_rank_run
+    _, _, folder, _ = two_rank_run
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -76,6 +80,14 @@ def test_resume_with_another_number_of_ranks_continues_the_count(two_rank_run, m
     assert r.fresh_examples == 1536  # 1,024 before, 512 more on the one rank now
     assert r.ranks[0]["fresh_examples"] == 512 and r.ranks[0]["allreduce_calls"] == 8
     assert r.test_accuracy is not None and r.history[-1]["fresh"] == 1536
+
+
+@pytest.mark.timeout(240)
+def test_the_launcher_leaves_this_processs_signal_handlers_as_they_were(two_rank_run):
+    # torchelastic installs its own (SignalException) for SIGINT, SIGTERM, SIGHUP, SIGQUIT
+    # and leaves them: a later Ctrl-C in this process would not be a KeyboardInterrupt.
+    before, after = two_rank_run[3]
+    assert after == before and signal.default_int_handler in before
 
 
 def test_avg_prob_needs_local_echo():

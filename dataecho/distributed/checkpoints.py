@@ -1,17 +1,25 @@
 """Checkpoints of a data-parallel run: rank 0 writes them, every rank resumes from them.
 
 The rule (also in :mod:`dataecho.distributed.loop`): written at an exchange, when the models
-are equal on every rank: the model, rank 0's optimizer, every rank's loader state (gathered),
-the global counters. Every rank loads the model and rank 0's optimizer; with the same number
-of ranks each loader continues exactly, with another number each rank restarts the
-checkpoint's epoch (rank 0's) while the global fresh-example count continues.
+are equal on every rank: the model, rank 0's optimizer, every rank's loader state (gathered;
+with local-echo, whose momentum stays local, its optimizer too), the global counters, rank
+0's losses. Every rank loads the model; with the same number of ranks each loader (and
+local-echo optimizer) continues exactly, with another number every rank takes rank 0's
+optimizer and restarts the checkpoint's epoch (rank 0's) while the global fresh-example
+count continues.
+
+With ``checkpoint_on_exit`` a signal adds one at the exchange the ranks agreed to stop after
+(:mod:`dataecho.distributed.signals`), unless one was written there already; none when a
+rank joined that exchange void.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,10 +28,12 @@ from dataecho.checkpoint import (
     CheckpointError,
     check_same,
     checkpoint_to_resume,
+    list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
 from dataecho.distributed.result import RunCounters
+from dataecho.distributed.signals import void
 from dataecho.train import RESUME_MUST_MATCH
 
 
@@ -41,14 +51,21 @@ class CheckpointMixin:
     history: list[dict[str, float]]
     losses: list[float]
     say: Any
+    signals: Any
+    start: float
+    saved_at: int | None = None  # global steps of the latest checkpoint written or resumed
 
     def _gather(self, obj: Any) -> list[Any]:  # the loop's
         raise NotImplementedError
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self) -> Path | None:
+        """Write one (every rank calls it: a gather); rank 0 returns its path."""
         t0 = time.perf_counter()
         mine = {"loader": self.loader.state_dict(), "epoch": self.run_.epoch}
+        if self.averaging is not None:  # local-echo: momentum differs between ranks
+            mine["optimizer"] = self.optimizer.state_dict()
         every = self._gather(mine)
+        path = None
         if self.info.rank == 0:
             state = {
                 "config": self.cfg.to_dict(),
@@ -63,9 +80,35 @@ class CheckpointMixin:
                 "losses": torch.tensor(self.losses, dtype=torch.float64),
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             }
-            save_checkpoint(self.cfg.checkpoint_dir, state, step=self.run_.global_steps,
-                            keep=self.cfg.keep_checkpoints)  # fmt: skip
+            path = save_checkpoint(self.cfg.checkpoint_dir, state, step=self.run_.global_steps,
+                                   keep=self.cfg.keep_checkpoints)  # fmt: skip
         self.run_.checkpoint_seconds += time.perf_counter() - t0
+        self.saved_at = self.run_.global_steps
+        return path
+
+    def _stop_on_signal(self, summed: list[float]) -> None:
+        """The ranks voted to stop in the exchange ``summed`` (:mod:`.signals`): write the
+        final checkpoint there (not twice; none if it is void), say so, raise the signal's
+        exception (every rank, so every ``finally`` runs: workers stop, the group is left)."""
+        cfg, run, own = self.cfg, self.run_, self.signals.signum
+        stop = self.signals.exception(summed)
+        what = signal.Signals(own).name if own else "a signal to another rank"
+        found = list_checkpoints(cfg.checkpoint_dir) if self.info.rank == 0 else []
+        if void(summed):
+            latest = f"the latest, {found[-1][1]}" if found else "none yet: a fresh start"
+            self.say(f"[{cfg.name}] {what}: a rank had no batch {self.signals.grace:g} s after "
+                     "it, so no state is consistent: stopped without a final checkpoint; "
+                     f"--resume continues from {latest}")  # fmt: skip
+            raise stop
+        if self.saved_at == run.global_steps:  # written at this exchange, or resumed from
+            path = next((p for step, p in found if step == run.global_steps), None)
+        else:
+            run.seconds = time.perf_counter() - self.start
+            path = self._checkpoint()
+        self.say(f"[{cfg.name}] {what}: the {self.info.world_size} ranks stopped after "
+                 f"{run.global_steps:,} steps in all: final checkpoint {path}; continue with "
+                 "--resume")  # fmt: skip
+        raise stop
 
     def _resume_or_start(self) -> None:
         cfg = self.cfg
@@ -85,12 +128,14 @@ class CheckpointMixin:
         if ckpt["data"] != self.data.identity:
             raise CheckpointError(f"{path} was trained on other data ({ckpt['data']})")
         self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        loaders, world, rank = ckpt["loaders"], self.info.world_size, self.info.rank
+        same = len(loaders) == world  # the same shares: continue exactly
+        self.optimizer.load_state_dict(loaders[rank].get("optimizer", ckpt["optimizer"])
+                                       if same else ckpt["optimizer"])  # fmt: skip
         if self.averaging is not None and ckpt["averaging"]:
             self.averaging.load_state_dict(ckpt["averaging"])
         run = RunCounters(**ckpt["run"])
-        loaders, world, rank = ckpt["loaders"], self.info.world_size, self.info.rank
-        if len(loaders) == world:  # the same shares: continue exactly
+        if same:
             self.loader.load_state_dict(loaders[rank]["loader"])
             run.epoch = int(loaders[rank]["epoch"])
         else:  # other shares: restart rank 0's epoch (module docstring)
@@ -103,6 +148,8 @@ class CheckpointMixin:
         run.done, run.stop_vote = False, False
         if run.fresh >= cfg.budget or (run.to_target is not None and cfg.stop_at_target):
             run.done = True
-        self.run_, self.history, self.losses = run, list(ckpt["history"]), []
+        self.run_, self.history = run, list(ckpt["history"])
+        self.losses = ckpt["losses"].tolist() if rank == 0 else []  # rank 0's, as written
+        self.saved_at = run.global_steps
         self.say(f"[{cfg.name}] resumed from {path} ({len(loaders)} ranks then, {world} now): "
                  f"{run.fresh:,} fresh examples, {run.global_steps:,} steps")  # fmt: skip

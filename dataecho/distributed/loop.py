@@ -12,6 +12,8 @@ echoed copies stay on the rank that read them. The loop is ``train``'s, with the
   epoch after epoch), so unequal shares cannot leave a rank waiting for a collective.
 - Rank 0 alone evaluates, logs and writes checkpoints; the final model is the same on every
   rank (averaged at the last exchange for ``local-echo``).
+- With ``checkpoint_on_exit``, SIGINT/SIGTERM is voted in the next exchange too; every rank
+  stops after it and a final checkpoint is written there (:mod:`dataecho.distributed.signals`).
 
 Checkpoints and the resume rule: :mod:`dataecho.distributed.checkpoints`.
 """
@@ -29,6 +31,7 @@ from dataecho.config import TrainConfig
 from dataecho.distributed.checkpoints import CheckpointMixin
 from dataecho.distributed.group import GroupInfo, Guard, init_group, shutdown_group
 from dataecho.distributed.result import DistributedResult, RunCounters
+from dataecho.distributed.signals import StopSignals, stopping, void
 from dataecho.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
 from dataecho.train import (
     _better,
@@ -47,17 +50,21 @@ def train_distributed(cfg: TrainConfig, log: Any = print) -> DistributedResult:
     """This rank's part of the run ``cfg`` describes (see the module docstring)."""
     info = init_group(cfg.dist_timeout)
     guard = Guard(info)
-    try:
-        with _torch_threads(cfg.threads):
-            return _Rank(cfg, info, guard, log).run()
-    finally:
-        guard.close()
-        shutdown_group()
+    # In before the loader's workers are forked (they then block both signals: see .signals);
+    # out after the group is left (a signal forwarded meanwhile only sets a flag).
+    with StopSignals(cfg.checkpoint_on_exit) as signals:
+        try:
+            with _torch_threads(cfg.threads):
+                return _Rank(cfg, info, guard, log, signals).run()
+        finally:
+            guard.close()
+            shutdown_group()
 
 
 class _Rank(CheckpointMixin):
-    def __init__(self, cfg: TrainConfig, info: GroupInfo, guard: Guard, log: Any) -> None:
-        self.cfg, self.info, self.guard = cfg, info, guard
+    def __init__(self, cfg: TrainConfig, info: GroupInfo, guard: Guard, log: Any,
+                 signals: StopSignals) -> None:  # fmt: skip
+        self.cfg, self.info, self.guard, self.signals = cfg, info, guard, signals
         self.say = log if info.rank == 0 else (lambda line: None)
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
         self.data = build_data(cfg)
@@ -94,10 +101,13 @@ class _Rank(CheckpointMixin):
         seen = loader.stats.fresh_examples
         synced = fresh_batches(seen, cfg.batch_size)
         pending = [0, 0]  # fresh examples and steps of this rank since the last exchange
-        batches = self._batches()
+        batches, signals = self._batches(), self.signals
         try:
             while not run.done:
-                batch = _to(next(batches), self.info.device)
+                got = signals.fetch(batches)
+                if got is None:  # signalled, and no batch within the grace: stop
+                    self._stop_on_signal(self._void_exchange())
+                batch = _to(got, self.info.device)
                 t0 = time.perf_counter()
                 loss = _loss(cfg, self.net, batch)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -105,7 +115,9 @@ class _Rank(CheckpointMixin):
                 pending = [pending[0] + now - seen, pending[1] + 1]
                 seen, summed = now, None
                 if self.gradients is not None:
-                    summed = self.gradients.exchange(loss, [*pending, float(run.stop_vote)])
+                    summed = self.gradients.exchange(loss, self._control(pending))
+                    if void(summed):  # a rank has no step: none is taken
+                        self._stop_on_signal(summed)
                 else:
                     loss.backward()
                 self.optimizer.step()
@@ -115,16 +127,38 @@ class _Rank(CheckpointMixin):
                 run.loss_sum, run.loss_count = run.loss_sum + self.losses[-1], run.loss_count + 1
                 if self.averaging is not None and fresh_batches(now, cfg.batch_size) > synced:
                     synced = fresh_batches(now, cfg.batch_size)  # one sync point per arrival
-                    summed = self.averaging.at_sync_point([*pending, float(run.stop_vote)])
+                    summed = self.averaging.at_sync_point(self._control(pending))
                 if summed is not None:
+                    if void(summed):
+                        self._stop_on_signal(summed)
                     pending = [0, 0]
                     self._after_exchange(summed)
+                    if stopping(summed):  # after the exchange, as a periodic checkpoint
+                        self._stop_on_signal(summed)
             run.seconds = time.perf_counter() - start
             ranks = self._gather(self._counters())
         finally:
             loader.close()
         final = self._evaluate_final()
         return self._result(final, ranks)
+
+    def _control(self, pending: list[int], void: bool = False) -> list[float]:
+        """This rank's control numbers for the exchange (:data:`.sync.CONTROL`)."""
+        return [*pending, float(self.run_.stop_vote), *self.signals.votes(void)]
+
+    def _void_exchange(self) -> list[float]:
+        """Join the exchange the other ranks are in or head to, without a step of ours (the
+        grace after a signal is over): ddp runs a forward/backward on one evaluation example
+        for its gradient round; local-echo averages at once. The sums say void: no rank uses
+        this exchange's result."""
+        control = self._control([0, 0], void=True)
+        if self.gradients is not None:
+            inputs, targets = self.data.eval_set
+            loss = _loss(self.cfg, self.net, _to((inputs[:1], targets[:1]), self.info.device))
+            self.optimizer.zero_grad(set_to_none=True)
+            return self.gradients.exchange(loss, control)
+        assert self.averaging is not None
+        return self.averaging.average(control)
 
     def _batches(self) -> Any:
         """This rank's batches, epoch after epoch, without end."""

@@ -1,8 +1,9 @@
 """How the ranks of a data-parallel run stay in agreement: ``ddp`` or ``local-echo``.
 
-Both carry a few *control* numbers (fresh examples and steps since the last exchange) inside
-the collective they make anyway, so every rank learns the run's global counts and takes the
-same decisions (stop, evaluate, checkpoint) at the same exchange, with no extra round:
+Both carry a few *control* numbers (fresh examples and steps since the last exchange, the
+target's stop vote, the signal votes of :mod:`.signals`) inside the collective they make
+anyway, so every rank learns the run's global counts and takes the same decisions (stop,
+evaluate, checkpoint) at the same exchange, with no extra round:
 
 - ``ddp`` (:class:`GradientSync`): ``DistributedDataParallel``; a comm hook all-reduces each
   gradient bucket, the first one with the control numbers appended. One round per step (the
@@ -25,7 +26,9 @@ import torch.distributed as dist
 
 from dataecho.distributed.group import Guard
 
-CONTROL = 3  # fresh examples and steps since the last exchange, stop votes: summed over ranks
+# Summed over ranks: fresh examples and steps since the last exchange, target stop votes,
+# then the signal votes (dataecho.distributed.signals.VOTES of them).
+CONTROL = 6
 
 
 @dataclass
@@ -84,6 +87,11 @@ class ModelAveraging:
         self.stats.sync_points += 1
         if self.avg_prob < 1 and torch.rand((), generator=self._rng).item() >= self.avg_prob:
             return None
+        return self.average(control)
+
+    def average(self, control: list[float]) -> list[float]:
+        """Average now, with no draw: a sync point's, or a rank's that joins the next average
+        without reaching its sync point (:mod:`.signals`, a void exchange)."""
         self._pack(control)
         t0 = time.perf_counter()
         self.guard.run("model all-reduce", lambda: dist.all_reduce(self.flat))
