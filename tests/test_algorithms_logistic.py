@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from dataecho.algorithms import covertype_like, fashion_mnist, logistic_loss
+from dataecho.algorithms.logistic import MIN_PIXEL_STD
 from dataecho.sources import fashion_mnist as fm
 
 
@@ -70,3 +71,18 @@ def test_fashion_mnist_problem_shapes_pool_and_scale() -> None:
     # Pooling averages 2x2 blocks: the first pooled pixel is the mean of the 2x2 corner.
     corner = full.x[:, [0, 1, 28, 29]].mean(1)
     assert torch.allclose(p.x[:, 0], corner, atol=1e-6)
+
+
+@pytest.mark.skipif(not (fm.DEFAULT_DATA_DIR / fm.FILES["train"][0]).is_file(), reason="no data")
+def test_fashion_mnist_standardize_zscores_pixels_and_keeps_the_bias() -> None:
+    raw = fashion_mnist(limit=2000, pool=4)
+    p = fashion_mnist(limit=2000, pool=4, standardize=True)
+    assert "standardized" in p.name and torch.equal(p.y, raw.y)
+    pix, raw_pix = p.x[:, :-1], raw.x[:, :-1]
+    assert torch.allclose(pix.mean(0), torch.zeros(49), atol=1e-5)
+    # Unit std where the pixel varies enough; the floor (not a blow-up) where it barely varies.
+    sd = raw_pix.std(0)
+    varied = sd >= MIN_PIXEL_STD
+    assert torch.allclose(pix.std(0)[varied], torch.ones(int(varied.sum())), atol=1e-4)
+    expected = (raw_pix - raw_pix.mean(0)) / sd.clamp_min(MIN_PIXEL_STD)
+    assert torch.allclose(pix, expected, atol=1e-5) and torch.equal(p.x[:, -1], torch.ones(2000))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dataecho.reproduce import choi
+from dataecho.reproduce import _choi_scaling, choi
 from dataecho.reproduce._choi_report import time_rows
 from dataecho.reproduce._lean_train import Condition, run_trial
 from dataecho.reproduce._workloads import cnn_workload
@@ -105,3 +105,30 @@ def test_trial_counts_fresh_examples_through_the_real_echo_stage() -> None:
     pruned = run_trial(wl, Condition(1.0, "before_augment", 0, 32), {"lr": 0.05,
                        "one_minus_momentum": 0.1}, seed=0, limit=128)  # fmt: skip
     assert pruned.info["fresh"] == 128  # a trial that cannot win stops at the limit
+
+
+def test_useful_e_from_the_medians() -> None:
+    rows = [{"batch_size": 8, "echo_factor": e, "fresh_0.8": f}
+            for e, f in ((1.0, 1000.0), (2.0, 600.0), (4.0, 450.0), (8.0, 500.0))]  # fmt: skip
+    # 1000 -> 600 -> 450 are >= 20% cuts; 450 -> 500 is none: useful up to 4, best 4.
+    assert _choi_scaling.useful(rows, 8, 0.8) == (4.0, 4.0)
+    rows[2]["fresh_0.8"] = 500.0  # 600 -> 500 is a 17% cut: useful stops at 2; best is e=4/8
+    assert _choi_scaling.useful(rows, 8, 0.8) == (4.0, 2.0)
+    rows[0]["fresh_0.8"] = math.inf  # the baseline never reached it: any finite count is a cut
+    assert _choi_scaling.useful(rows, 8, 0.8)[1] == 2.0
+
+
+@pytest.mark.timeout(300)
+def test_scaling_cells_read_every_target_from_one_run(tmp_path: Path) -> None:
+    plan = _choi_scaling.ScalingPlan(batch_sizes=(16,), factors=(1.0, 2.0), targets=(0.3, 0.45),
+                                     trials=2, seeds=1, budget=768, data=(1000, 200))  # fmt: skip
+    rows = [_choi_scaling.search_cell(plan, 16, e, 0) for e in (1.0, 2.0)]
+    for r in rows:
+        # The lower target is reached no later than the higher one, in the same trials.
+        assert r["fresh_0.3"] <= r["fresh_0.45"] and math.isfinite(r["fresh_0.3"])
+        assert r["searches"] == 1 and r["range_0.3"] == f"{r['fresh_0.3']:g}-{r['fresh_0.3']:g}"
+    lines = _choi_scaling.report(rows, plan, tmp_path)
+    assert any(line.startswith("- target 0.45: bs 16: best e") for line in lines)
+    assert len(read_csv(tmp_path / "scaling.csv")) == 2
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    assert choi.make_plan(quick=False).scaling is not None and choi.make_plan(True).scaling is None

@@ -19,6 +19,7 @@ COVERTYPE_ROWS = 581_012
 COVERTYPE_CONTINUOUS = 10  # elevation, aspect, slope, distances, hillshades
 COVERTYPE_AREAS = 4  # wilderness areas (one-hot)
 COVERTYPE_SOILS = 40  # soil types (one-hot)
+MIN_PIXEL_STD = 0.01  # floor of a pixel's std (pixels / 255) when standardizing
 
 
 def logistic_loss(
@@ -119,12 +120,15 @@ def fashion_mnist(
     limit: int | None = None,
     pool: int = 1,
     l2: float = 0.0,
+    standardize: bool = False,
 ) -> LogisticProblem:
     """Multinomial logistic regression on Fashion-MNIST train pixels / 255, plus a bias column.
 
     ``limit`` keeps the first ``limit`` images (quick runs); ``pool`` averages ``pool x pool``
     pixel blocks (2: 14x14 images, d = 197, four times cheaper); ``l2`` adds
-    ``l2/2 * ||W||^2``.
+    ``l2/2 * ||W||^2``. ``standardize`` z-scores every pixel over the kept images (its std
+    floored at :data:`MIN_PIXEL_STD`), the usual preprocessing for a linear model: raw pixels
+    share one large mean direction, which makes the loss about 100x worse conditioned.
     """
     from dataecho.sources import fashion_mnist as fm
 
@@ -135,6 +139,10 @@ def fashion_mnist(
     pool = _validate.positive_int(pool, name="pool", hint="1 keeps the 28x28 pixels")
     x = torch.from_numpy(images).float().unsqueeze(1) / 255.0
     x = F.avg_pool2d(x, pool).flatten(1) if pool > 1 else x.flatten(1)
+    if standardize:
+        # The floor keeps near-constant border pixels from being blown up into huge features.
+        x = (x - x.mean(0)) / x.std(0).clamp_min(MIN_PIXEL_STD)
     x = torch.cat([x, torch.ones(len(x), 1)], dim=1)
-    name = f"fashion-mnist(n={len(x)}, pool={pool}, l2={l2:g})"
+    std = ", standardized" if standardize else ""
+    name = f"fashion-mnist(n={len(x)}, pool={pool}, l2={l2:g}{std})"
     return LogisticProblem(name, x, torch.from_numpy(labels), len(fm.CLASSES), l2)

@@ -150,8 +150,11 @@ def _pairs(med: dict, pick: Any) -> str:
 
 
 def write(out: Path, plan: Any, rows: list[dict], fixed: list[dict], timed: dict | None,
-          wall: float, skipped: list[dict], *, quick: bool, seed: int) -> Path:  # fmt: skip
-    """Write the CSVs, PNGs, ``results.json`` and ``README.md`` into ``out``; return the README."""
+          wall: float, skipped: list[dict], *, quick: bool, seed: int,
+          extra: list[str] | None = None) -> Path:  # fmt: skip
+    """Write the CSVs, PNGs, ``results.json`` and ``README.md`` into ``out``; return the README.
+
+    ``extra``: Markdown lines of further sections, placed before the claims."""
     table = [{k: v for k, v in r.items() if k not in ("curves", "best_params")}
              | {"best_params": json.dumps(r["best_params"], default=float)} for r in rows]  # fmt: skip
     table.sort(key=lambda r: (r["workload"], r["batch_size"], r["echo_factor"], r["where"],
@@ -170,7 +173,7 @@ def write(out: Path, plan: Any, rows: list[dict], fixed: list[dict], timed: dict
     md = [
         "# Choi et al. 2019, reproduced small (`dataecho reproduce choi`)",
         "",
-        f"Command: `{cmd}` (run with `nice -n 15`). Machine: {platform.machine()}, "
+        f"Command: `{cmd}` (run with `nice -n 19`). Machine: {platform.machine()}, "
         f"{platform.processor() or 'CPU'}, 2 shared cores, torch 1 thread per process. "
         f"Wall time: {wall / 60:.1f} min.",
         "",
@@ -207,6 +210,7 @@ def write(out: Path, plan: Any, rows: list[dict], fixed: list[dict], timed: dict
         "",
         _timed_text(timed),
         "",
+        *([*extra, ""] if extra else []),
         "## Claims (computed; see docs/results/choi/README.md for the verdicts)",
         "",
     ]
