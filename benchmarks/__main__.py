@@ -23,6 +23,10 @@ BENCHMARKS = {
         "benchmarks.peers",
         "dataecho vs DataLoader, MONAI ThreadDataLoader and adjacent repeats (issue 7)",
     ),
+    "augmentation": (
+        "benchmarks.augmentation",
+        "the main job (issue 4): fresh examples to 85% per augmentation shift, e=1 vs e=4",
+    ),
     "memory": (
         "benchmarks.memory",
         "bounded memory (issue 8): RSS of a 30-minute stream through nginx, e=4, 1 worker",

@@ -272,6 +272,11 @@ class TrainConfig:
         "in-memory upstream only: train on the first N examples (default: all)",
     )  # fmt: skip
     seq_len: int = _opt(64, Int(1), "data", "char-lm: characters per example")
+    augment_pad: int = _opt(
+        2, Int(0), "data",
+        "cnn: random shift of up to this many pixels (pad-and-crop) before the flip; echoed "
+        "copies made before augmentation differ by it (0: flip only)",
+    )  # fmt: skip
     on_bad_record: str = _opt(
         "raise", Choice(("raise", "skip")), "data",
         "shard upstreams: a record that fails to decode or a truncated shard stops the run "

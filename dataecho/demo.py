@@ -94,6 +94,10 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     add("--budget", type=_positive_int, default=None, metavar="N",
         help=f"fresh examples per run at most (default: {Plan.budget:,})")
     add("--seed", type=_non_negative_int, default=0, metavar="N")
+    add("--augment-pad", type=_non_negative_int, default=2, metavar="N",
+        help="random shift of up to N pixels in the augmentation (default: %(default)s); "
+        "less augmentation reaches the target sooner with and without echoing, and echoing "
+        "then saves less (docs/benchmarks.md)")
     add("--quick", action="store_true",
         help="tiny settings for a smoke test: 2,048 examples, a low target, one evaluation")
     # fmt: on
@@ -140,7 +144,12 @@ def run_demo(args: argparse.Namespace) -> int:
         + ("" if cal.probed_ratio is None else f", a probe of the loop {cal.probed_ratio:.2f}"),
         bandwidth_bytes_per_s=cal.rate,
         load=f"before: {load_before}; after: {_load()}",
-        notes=tuple(cal.notes),
+        notes=(
+            *cal.notes,
+            f"augmentation after the echo stage: a random shift of up to "
+            f"{args.augment_pad} pixels and a flip; echoing's saving grows with it, and so "
+            f"does the no-echo run's time to this early target (docs/benchmarks.md)",
+        ),
     )
     out = write_report(results, _new_run_dir(args.runs_dir), meta=meta)
     print(f"\nreport: {out / 'report.md'} (and metrics.csv, curves.png in {out})")
@@ -165,7 +174,8 @@ def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> l
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,
                   eval_in_background=plan.eval_in_background,
                   num_workers=WORKERS, threads=THREADS,
-                  seed=args.seed, progress=True, where="before_augment")  # fmt: skip
+                  seed=args.seed, augment_pad=args.augment_pad, progress=True,
+                  where="before_augment")  # fmt: skip
     runs = [("no echo", 1.0, 0), (f"e={args.echo_factor:g}", args.echo_factor, shuffle),
             ("auto", "auto", shuffle)]  # fmt: skip
     return [TrainConfig(name=name, echo_factor=e, shuffle_buffer=buf,

@@ -82,7 +82,7 @@ from dataecho.workloads.cnn import SmallCNN, evaluate
 __all__ = ["TrainConfig", "TrainResult", "measure_step_seconds", "train"]
 
 # Settings that shape the stream or the model: a checkpoint continues only a run that had them.
-RESUME_MUST_MATCH = ("workload", "seq_len", "train_examples", "echo_factor", "max_echo_factor",
+RESUME_MUST_MATCH = ("workload", "seq_len", "augment_pad", "train_examples", "echo_factor", "max_echo_factor",
                      "where", "shuffle_buffer", "batch_size", "lr", "momentum", "num_workers",
                      "seed")  # fmt: skip
 

@@ -88,7 +88,14 @@ def build_data(cfg: TrainConfig) -> Data:
         test = FashionMNIST(cfg.data_dir, "test")
         n = min(cfg.eval_examples, len(test))
         eval_set = (normalize(test.images[:n]), test.labels[:n])  # normalised once, not per eval
-        final_set, transform, vocab = (test.images, test.labels), Augment(), None
+        final_set, vocab = (test.images, test.labels), None
+        side = min(test.images.shape[-2:])
+        if cfg.augment_pad >= side:  # checked here, not at the first image in a worker
+            raise ValueError(
+                f"augment_pad must be below the image side ({side} pixels), got "
+                f"{cfg.augment_pad}; 2-4 is usual for 28x28 images"
+            )
+        transform = Augment(pad=cfg.augment_pad)
     else:
         from dataecho.sources.austen import AustenChars
 

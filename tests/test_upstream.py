@@ -76,6 +76,18 @@ def test_in_memory_upstream_is_throttled_map_style_data(fm_dir):
 
 
 @needs_fashion
+def test_augment_pad_reaches_the_augmentation_and_an_impossible_one_is_refused_up_front(fm_dir):
+    cfg = TrainConfig(data_dir=fm_dir, eval_examples=50, augment_pad=3)
+    assert build_data(cfg).batch_transform.pad == 3
+    flip_only = build_data(dataclasses.replace(cfg, augment_pad=0, where="after_augment"))
+    image = torch.arange(28 * 28, dtype=torch.uint8).reshape(1, 28, 28)
+    shifted = {flip_only.transform(image).flatten()[0].item() for _ in range(40)}
+    assert len(shifted) == 2  # the first pixel: its own value or, flipped, the row's last
+    with pytest.raises(ValueError, match=r"augment_pad must be below .*28 pixels.*got 28"):
+        build_data(dataclasses.replace(cfg, augment_pad=28))
+
+
+@needs_fashion
 def test_prepare_round_trip_is_exact_and_a_second_call_writes_nothing(fm_dir, fm_shards):
     out, manifest = fm_shards
     assert manifest["total"] == 700 and len(manifest["shards"]) == 7
