@@ -27,6 +27,10 @@ from dataecho.stages.stats import batch_length
 
 T = TypeVar("T")
 
+# A log file or a pipe keeps every redraw of the bar (tqdm rewrites the line with "\r"): there
+# the bar is redrawn every this many seconds instead of several times a second.
+NON_TTY_REDRAW_SECONDS = 30.0
+
 
 @dataclass(frozen=True)
 class ProgressSnapshot:
@@ -111,6 +115,9 @@ class TrainingProgress:
         self.desc, self.batch_size, self.refresh_seconds = desc, batch_size, float(refresh_seconds)
         self._file, self._disable = file, bool(disable)
         self._print_summary = not disable if print_summary is None else bool(print_summary)
+        stream = sys.stderr if file is None else file
+        if not (hasattr(stream, "isatty") and stream.isatty()):
+            tqdm_kwargs.setdefault("mininterval", NON_TTY_REDRAW_SECONDS)
         self._bar = tqdm(
             total=total_steps, desc=desc, file=file, disable=disable, unit="step", **tqdm_kwargs
         )
@@ -194,7 +201,8 @@ class TrainingProgress:
                 "fresh/s": _num(examples_per_s / echo),
                 "echo": f"{echo:.2f}x",
                 "stall": "n/a" if stall is None else f"{stall:.0%}",
-            }
+            },
+            refresh=False,  # drawn at tqdm's next redraw: mininterval paces the output
         )
 
     def snapshot(self) -> ProgressSnapshot:

@@ -205,3 +205,19 @@ def test_batch_size_overrides_inference() -> None:
 def test_rejects_bad_options(kwargs, err, needle) -> None:
     with pytest.raises(err, match=needle):
         TrainingProgress(file=io.StringIO(), **kwargs)
+
+
+def test_a_log_file_gets_a_redraw_per_interval_not_per_refresh() -> None:
+    out = io.StringIO()  # not a terminal: what CI logs and `... > log` see
+    with TrainingProgress(total_steps=200, file=out, refresh_seconds=0.001) as bar:
+        for _ in bar.wrap(sleepy(200, 0.001, size=8)):
+            pass
+    redraws = out.getvalue().count("\r")
+    assert redraws <= 4, f"{redraws} redraws of the bar in a 0.2 s run"  # start and end
+    assert "steps/s=" in out.getvalue() and "200/200" in out.getvalue()
+    forced = io.StringIO()
+    with TrainingProgress(total_steps=200, file=forced, refresh_seconds=0.001,
+                          mininterval=0) as bar:  # fmt: skip
+        for _ in bar.wrap(sleepy(200, 0.001, size=8)):
+            pass
+    assert forced.getvalue().count("\r") > 50  # a caller's own mininterval wins
