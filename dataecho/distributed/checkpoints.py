@@ -34,7 +34,7 @@ from dataecho.checkpoint import (
 )
 from dataecho.distributed.result import RunCounters
 from dataecho.distributed.signals import void
-from dataecho.train import RESUME_MUST_MATCH
+from dataecho.training.checkpoints import RESUME_MUST_MATCH
 
 
 class CheckpointMixin:

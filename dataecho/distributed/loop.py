@@ -33,16 +33,10 @@ from dataecho.distributed.group import GroupInfo, Guard, init_group, shutdown_gr
 from dataecho.distributed.result import DistributedResult, RunCounters
 from dataecho.distributed.signals import StopSignals, stopping, void
 from dataecho.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
-from dataecho.train import (
-    _better,
-    _evaluate,
-    _log_line,
-    _loss,
-    _model,
-    _periodic_evaluation,
-    _torch_threads,
-    make_loader,
-)
+from dataecho.train import make_loader
+from dataecho.training.recipe import better, build_model, evaluate_split, step_loss, torch_threads
+from dataecho.training.record import log_line
+from dataecho.training.schedule import periodic_evaluation
 from dataecho.upstream import build_data
 
 
@@ -54,7 +48,7 @@ def train_distributed(cfg: TrainConfig, log: Any = print) -> DistributedResult:
     # out after the group is left (a signal forwarded meanwhile only sets a flag).
     with StopSignals(cfg.checkpoint_on_exit) as signals:
         try:
-            with _torch_threads(cfg.threads):
+            with torch_threads(cfg.threads):
                 return _Rank(cfg, info, guard, log, signals).run()
         finally:
             guard.close()
@@ -68,7 +62,7 @@ class _Rank(CheckpointMixin):
         self.say = log if info.rank == 0 else (lambda line: None)
         torch.manual_seed(cfg.seed)  # the same initial model on every rank
         self.data = build_data(cfg)
-        self.model, self.optimizer = _model(cfg, self.data)
+        self.model, self.optimizer = build_model(cfg, self.data)
         self.model.to(info.device)
         self.loader = make_loader(cfg, self.data)
         self.stats = CommStats()
@@ -109,7 +103,7 @@ class _Rank(CheckpointMixin):
                     self._stop_on_signal(self._void_exchange())
                 batch = _to(got, self.info.device)
                 t0 = time.perf_counter()
-                loss = _loss(cfg, self.net, batch)
+                loss = step_loss(cfg, self.net, batch)
                 self.optimizer.zero_grad(set_to_none=True)
                 now = loader.stats.fresh_examples
                 pending = [pending[0] + now - seen, pending[1] + 1]
@@ -154,7 +148,7 @@ class _Rank(CheckpointMixin):
         control = self._control([0, 0], void=True)
         if self.gradients is not None:
             inputs, targets = self.data.eval_set
-            loss = _loss(self.cfg, self.net, _to((inputs[:1], targets[:1]), self.info.device))
+            loss = step_loss(self.cfg, self.net, _to((inputs[:1], targets[:1]), self.info.device))
             self.optimizer.zero_grad(set_to_none=True)
             return self.gradients.exchange(loss, control)
         assert self.averaging is not None
@@ -199,7 +193,7 @@ class _Rank(CheckpointMixin):
     def _evaluate_now(self) -> None:
         cfg, run, s = self.cfg, self.run_, self.loader.stats
         t0 = time.perf_counter()
-        metric, screened = _periodic_evaluation(cfg, _cpu(self.model), self.data.eval_set)
+        metric, screened = periodic_evaluation(cfg, _cpu(self.model), self.data.eval_set)
         run.eval_seconds += time.perf_counter() - t0
         seconds = time.perf_counter() - self.start
         fresh0, out0, wait0, seconds0 = self.mark
@@ -217,11 +211,11 @@ class _Rank(CheckpointMixin):
         self.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
         run.loss_sum, run.loss_count = 0.0, 0
         self.history.append(row)
-        self.say(_log_line(cfg, row) + f" | {self.stats.allreduce_calls:,} all-reduces")
+        self.say(log_line(cfg, row) + f" | {self.stats.allreduce_calls:,} all-reduces")
         target = cfg.target
         if target is None or run.to_target is not None or screened:
             return
-        if _better(cfg, metric, target):
+        if better(cfg, metric, target):
             run.to_target = [row["fresh"], row["steps"], row["seconds"]]
             run.stop_vote = True
 
@@ -243,7 +237,7 @@ class _Rank(CheckpointMixin):
     def _evaluate_final(self) -> tuple:
         if self.info.rank != 0:
             return (None, float("nan"))
-        return _evaluate(self.cfg, _cpu(self.model), self.data.final_set, full=True)
+        return evaluate_split(self.cfg, _cpu(self.model), self.data.final_set, full=True)
 
     def _result(self, final: tuple, ranks: list[dict[str, float]]) -> DistributedResult:
         cfg, run, s = self.cfg, self.run_, self.loader.stats
