@@ -41,7 +41,9 @@ class Case:
     where: str = "-"  # dataecho's insertion point; "-" for the peers
     shuffle_buffer: int = 0  # dataecho's post-echo shuffle buffer (examples, or batches)
     batch_augment: bool = False  # dataecho: augment whole batches (batch_transform) instead
-    snapshots: bool = True  # dataecho: False = no worker state snapshots (no checkpoints)
+    # dataecho's worker state snapshots (for checkpoints): True = the loader's default
+    # interval, False = none (no checkpoints then, like the peers), a number = that interval.
+    snapshots: bool | int = True
 
     @property
     def name(self) -> str:
@@ -54,7 +56,11 @@ class Case:
             return f"adjacent repeats={e}"
         shuffle = f", shuffle {self.shuffle_buffer}" if self.shuffle_buffer > 1 else ""
         batch_aug = ", batch aug" if self.batch_augment else ""
-        snapshots = "" if self.snapshots else ", no snapshots"
+        snapshots = (
+            "" if self.snapshots is True
+            else ", no snapshots" if self.snapshots is False
+            else f", snapshots every {self.snapshots}"
+        )  # fmt: skip
         return f"dataecho e={e} ({self.where}{shuffle}{batch_aug}{snapshots})"
 
 
@@ -172,7 +178,11 @@ def build(
     elif case.kind == "dataecho":
         # Workers snapshot their pipeline state (shuffle buffer included) for checkpoints;
         # "no snapshots" asks for one so rarely that it never happens in a benchmark.
-        snapshots = {} if case.snapshots else {"snapshot_every_n_steps": 1 << 40}
+        snapshots = (
+            {} if case.snapshots is True
+            else {"snapshot_every_n_steps": 1 << 40} if case.snapshots is False
+            else {"snapshot_every_n_steps": int(case.snapshots)}
+        )  # fmt: skip
         loader = EchoingDataLoader(
             Indexed(dataset),
             echo_factor=case.echo,

@@ -6,7 +6,9 @@ alike. Linux starts a forked child's high-water mark (``VmHWM``) at what the for
 (the parent's private pages, not its shared libraries), so each child reports that start and
 its peak. It iterates its loader for a number of batches (no training: the model's memory is
 the same for every loader), closes it, and also reports its loader worker's peak
-(``getrusage(RUSAGE_CHILDREN)``, read after the worker exited).
+(``getrusage(RUSAGE_CHILDREN)``, read after the worker exited). A dataecho case with worker
+state snapshots runs until at least one snapshot was taken, unless the epoch ends first
+(the report says so).
 """
 
 from __future__ import annotations
@@ -82,14 +84,28 @@ def _child(case: Case, batches: int, dataset: Any, augment: Any, s: Any) -> dict
     start = status_kb("VmRSS")
     run = build(case, dataset, augment, batch_size=s.batch_size, seed=s.seed, shuffle=True,
                 max_echo_factor=s.max_echo_factor)  # fmt: skip
+    interval = 0  # batches between worker state snapshots; 0: none (not dataecho, or off)
+    if case.kind == "dataecho" and case.snapshots is not False:
+        # Run past the first worker snapshot (a packed shuffle buffer), or it would not count.
+        interval = run.loader._inner.snapshot_every_n_steps
+        batches = max(batches, interval + 2)
     got = 0
     try:
         for _ in range(batches):
-            next(run)
+            try:
+                next(run)
+            except StopIteration:  # the epoch ended first (a default interval can exceed it)
+                break
             got += 1
     finally:
         run.close()
     gc.collect()
     multiprocessing.active_children()  # reaps exited workers, so RUSAGE_CHILDREN counts them
     worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # kB on Linux
-    return {"start_kb": start, "main_kb": status_kb("VmHWM"), "worker_kb": worker, "batches": got}
+    return {
+        "start_kb": start,
+        "main_kb": status_kb("VmHWM"),
+        "worker_kb": worker,
+        "batches": got,
+        "interval": interval,
+    }

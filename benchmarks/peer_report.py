@@ -1,4 +1,5 @@
-"""Tables, plot and Markdown report of ``python -m benchmarks peers`` (see benchmarks.peers)."""
+"""Tables and plot of ``python -m benchmarks peers`` (see benchmarks.peers); the Markdown
+report that holds them is :mod:`benchmarks.peer_markdown`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import peer_target_report
 from benchmarks.peer_loaders import Case
 
 OVERHEAD_TARGET = 0.98
@@ -89,8 +90,9 @@ def input_rows(result: dict) -> list[list[str]]:
             for f in input_figures(result)]  # fmt: skip
 
 
-TARGET_HEADERS = ["R", "fastest peer", "peer steps/s", "dataecho fixed e: steps/s / peer's",
-                  "auto: steps/s / best fixed e's", "never slower?"]  # fmt: skip
+TARGET_HEADERS = ["R", "dataecho snapshots", "fastest peer, steps/s",
+                  "dataecho fixed e: steps/s / peer's", "auto: steps/s / best fixed e's",
+                  "never slower?"]  # fmt: skip
 
 
 def label(case: Case) -> str:
@@ -100,26 +102,34 @@ def label(case: Case) -> str:
 
 
 def target_rows(result: dict) -> list[list[str]]:
-    """Per R: the fastest peer at e = R against each dataecho loader."""
+    """Per R and snapshot setting: the fastest peer at e = R against each dataecho loader.
+
+    "no snapshots" rows are like for like (the peers cannot checkpoint); auto has only the
+    default, and is compared with the best fixed e of the same snapshot setting.
+    """
     figures = input_figures(result)
     rows = []
     for ratio in result["settings"].ratios:
         here = [f for f in figures if f["R"] == ratio]
         peers = [f for f in here if f["case"].kind in ("monai", "adjacent")]
-        fixed = [f for f in here if f["case"].kind == "dataecho" and f["case"].echo != "auto"]
-        auto = [f for f in here if f["case"].echo == "auto"]
         best_peer = max(peers, key=lambda f: f["steps/s"])
-        best_fixed = max(fixed, key=lambda f: f["steps/s"])
-        ours = "; ".join(
-            f"{label(f['case'])} {f['steps/s'] / best_peer['steps/s']:.3f}" for f in fixed
-        )
-        autos = "; ".join(
-            f"{label(f['case'])} {f['steps/s'] / best_fixed['steps/s']:.3f}" for f in auto
-        )
-        slower = [label(f["case"]) for f in fixed if f["steps/s"] < best_peer["steps/s"]]
-        verdict = "yes" if not slower else "no: " + ", ".join(slower)
-        rows.append([fmt(ratio, "{:g}"), best_peer["case"].name, fmt(best_peer["steps/s"]),
-                     ours, autos or "-", verdict])  # fmt: skip
+        for snapshots in (True, False):
+            ours = [f for f in here if f["case"].kind == "dataecho"
+                    and f["case"].snapshots is snapshots]  # fmt: skip
+            fixed = [f for f in ours if f["case"].echo != "auto"]
+            if not fixed:
+                continue
+            best_fixed = max(fixed, key=lambda f: f["steps/s"])
+            ratios = "; ".join(
+                f"{label(f['case'])} {f['steps/s'] / best_peer['steps/s']:.3f}" for f in fixed
+            )
+            autos = "; ".join(f"{label(f['case'])} {f['steps/s'] / best_fixed['steps/s']:.3f}"
+                              for f in ours if f["case"].echo == "auto")  # fmt: skip
+            slower = [label(f["case"]) for f in fixed if f["steps/s"] < best_peer["steps/s"]]
+            verdict = "yes" if not slower else "no: " + ", ".join(slower)
+            rows.append([fmt(ratio, "{:g}"), "default" if snapshots else "off",
+                         f"{best_peer['case'].name} {best_peer['steps/s']:.2f}", ratios,
+                         autos or "-", verdict])  # fmt: skip
     return rows
 
 
@@ -167,14 +177,22 @@ def growth_rows(result: dict) -> list[list[str]]:
         n = r["case"].shuffle_buffer
         growth = (r["worker_kb"] - zero["worker_kb"]) * 1024
         marginal = (growth - prev[1]) / (n - prev[0]) if prev and n > prev[0] else math.nan
-        snapshots = "-" if r is zero else "on" if r["case"].snapshots else "off"
+        if r is zero:
+            snapshots = "-"
+        elif not r["case"].snapshots:
+            snapshots = "off"
+        else:  # the run stops at the epoch's end, which may come before the first snapshot
+            snapshots = f"every {r['interval']:,}"
+            if r["batches"] < r["interval"]:
+                snapshots += f" (epoch ended at {r['batches']:,})"
         return [f"{n:,}", snapshots, fmt(r["worker_kb"] / MIB, "{:.0f}"),
                 fmt(growth / 2**20, "{:.1f}"), fmt(growth / n if n > 1 else math.nan, "{:,.0f}"),
                 fmt(marginal, "{:,.0f}")], (n, growth)  # fmt: skip
 
     rows = [row(zero, None)[0]]
     for snapshots in (True, False):
-        series = sorted((r for r in runs if r is not zero and r["case"].snapshots == snapshots),
+        series = sorted((r for r in runs if r["case"].shuffle_buffer > 1
+                         and r["case"].snapshots is snapshots),
                         key=lambda r: r["case"].shuffle_buffer)  # fmt: skip
         prev = (0, 0.0)
         for r in series:
@@ -183,121 +201,57 @@ def growth_rows(result: dict) -> list[list[str]]:
     return rows
 
 
-def plot(result: dict, path: Path) -> None:
-    """Steps/s and efficiency against R, one line per loader."""
+def _bound_panels(axes, result: dict) -> None:
+    """Section 2: steps/s and efficiency against R, one line per loader."""
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     def series(case: Case) -> str:  # the loader's name with its factor (= R) as "R"
         return case.name if case.echo == "auto" else case.name.replace(f"={case.echo:g}", "=R")
 
     figures = input_figures(result)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5.2))
+    for ax in axes:  # more loaders than the default cycle's 10 colours
+        ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
     for name in dict.fromkeys(series(f["case"]) for f in figures):
         pts = [f for f in figures if series(f["case"]) == name]
         xs = [f["R"] for f in pts]
-        style = "--" if pts[0]["case"].kind in ("monai", "adjacent", "dataloader") else "-"
+        case = pts[0]["case"]
+        style = ("--" if case.kind in ("monai", "adjacent", "dataloader")
+                 else ":" if case.snapshots is False else "-")  # fmt: skip
         axes[0].plot(xs, [f["steps/s"] for f in pts], style, marker="o", label=name)
         axes[1].plot(xs, [f["efficiency"] for f in pts], style, marker="o", label=name)
-    axes[0].set(
-        xlabel="R = t_up / t_down",
-        ylabel="training steps / s",
-        xscale="log",
-        title="Throughput, e = R",
-    )
+    axes[0].set(xlabel="R = t_up / t_down", ylabel="training steps / s", xscale="log",
+                title="Throughput, e = R")  # fmt: skip
     axes[1].set(xlabel="R = t_up / t_down", ylabel="efficiency", xscale="log",
                 title="steps/s / (min(e, R) x no-echo steps/s)")  # fmt: skip
     for ax in axes:
         ax.set_xticks(result["settings"].ratios, [f"{r:g}" for r in result["settings"].ratios])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
-    fig.suptitle(f"dataecho vs peers (peers dashed); t_down = {result['t_down'] * 1e3:.1f} ms, "
+
+
+def plot(result: dict, path: Path) -> None:
+    """Section 2's throughput and efficiency against R (peers dashed, dataecho without worker
+    snapshots dotted) above section 6's wall time to target, for the sections that ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bound, target = "input_bound" in result, "target" in result
+    loaders = len({case.name for _, case in result.get("target", ())})
+    heights = [6.2] * bound + [1.2 + 0.42 * loaders] * target
+    fig = plt.figure(figsize=(12, sum(heights)), layout="constrained")
+    subs = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
+    if bound:
+        axes = subs[0].subplots(1, 2)
+        _bound_panels(axes, result)
+        handles, labels = axes[0].get_legend_handles_labels()
+        subs[0].legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7,
+                       frameon=False)  # fmt: skip
+    if target:
+        peer_target_report.plot_panel(subs[-1].subplots(1, 1), result)
+    fig.suptitle(f"dataecho vs peers; t_down = {result['t_down'] * 1e3:.1f} ms, "
                  f"{result['machine']['cpu']}", fontsize=9)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def markdown(result: dict, command: str) -> str:
-    s, m = result["settings"], result["machine"]
-    table = common.markdown_table
-    e_raw, e_mem = s.raw_factor, s.memory_factor
-    return f"""\
-# dataecho vs peers (issue 7)
-
-Command: `{command}` ({m["date"]}).
-Machine: {m["cpu"]}; torch {m["torch"]}, Python {m["python"]}; {result["threads"]}.
-Load average (1/5/15 min) before: {m["load_before"]}; after: {m["load_after"]}.
-t_down = {result["t_down"] * 1e3:.2f} ms (SmallCNN + SGD step, batch {s.batch_size}, median of 30
-steps alone). Upstream: Fashion-MNIST in memory behind `Throttled` (sleeping reads) at
-R x t_down per batch, one loader worker, `Augment` per emitted example in the worker (MONAI and
-dataecho batch echoing repeat augmented batches). Cases interleaved, A B C ... A B C ...
-Section times (s): {", ".join(f"{k} {v:.0f}" for k, v in result["seconds"].items())}.
-
-## 1. Overhead at e = 1 (unthrottled upstream; {s.overhead_rounds} round(s) of {s.duration:g} s)
-
-{table(OVERHEAD_HEADERS, overhead_rows(result))}
-
-Raw echo-stage throughput, in one process on items already in memory (e = {e_raw};
-example = uint8 1x28x28 + label, batch = {s.batch_size} of them):
-
-{table([h.format(e=e_raw) for h in RAW_HEADERS], raw_rows(result), align="lllrrr")}
-
-## 2. Input-bound, e = R ({s.rounds} round(s) of {s.duration:g} s per case)
-
-dataecho example-level shuffle buffer {s.example_shuffle} examples, batch-level {s.batch_shuffle}
-batches; auto: `max_echo_factor={s.max_echo_factor:g}`.
-
-{table(INPUT_HEADERS, input_rows(result), align="rl" + "r" * 8)}
-
-Against the fastest peer at equal e (ratios of steps/s):
-
-{table(TARGET_HEADERS, target_rows(result), align="rlrlll")}
-
-Columns: *fresh ex/s* = distinct examples first received by the step / wall time; *fresh /
-upstream* = that over the throttle's rate (B / (R t_down)); *realized e* = examples stepped on
-/ fresh; *stall %* = time in `next(loader)` / wall; *efficiency* = steps/s / (min(e, R) x
-no-echo steps/s at the same R), e = max_echo_factor for auto; *step ms* = the step's wall time
-in this case (slower than t_down when the loader competes for the cores); *spread %* = (max -
-min) / mean of the per-round steps/s.
-
-## 3. Quality per fresh example, e = {s.quality_factor}
-
-{s.quality_budget:,} fresh training examples (a random subset per seed, one pass through each
-loader), SGD lr 0.01 momentum 0.9 for every loader (not tuned per loader), test accuracy on
-the 10,000 test images; seeds {", ".join(map(str, s.quality_seeds))}.
-
-{table(QUALITY_HEADERS, quality_rows(result), align="lrrrl")}
-
-## 4. Memory
-
-Peak resident set per case, each in a process forked from the benchmark (torch, dataecho and
-MONAI imported, Fashion-MNIST loaded); *main start* = what the fork left resident,
-*main growth* = its peak over that; *worker peak* = the loader worker's peak (it shares pages
-with the process it was forked from, which count too). The loader is iterated without training.
-
-{table([h.format(e=e_mem) for h in MEMORY_HEADERS], memory_rows(result))}
-
-dataecho `before_augment`, e = {e_mem}, by post-echo shuffle buffer (it lives in the worker),
-with the worker's state snapshots for checkpoints on (the default: one every
-shuffle_buffer / batch_size batches) and off; payload = {EXAMPLE_PAYLOAD} bytes per example
-(uint8 image, label, index):
-
-{table(GROWTH_HEADERS, growth_rows(result))}
-
-![steps/s and efficiency against R](peers.png)
-"""
-
-
-def write(result: dict, command: str, out: Path) -> Path:
-    """Write ``peers.md`` and ``peers.png`` into ``out``; the report's path."""
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / "peers.png")
-    path = out / "peers.md"
-    path.write_text(markdown(result, command))
-    return path

@@ -1,7 +1,8 @@
 """dataecho against its peers (issue 7), side by side, interleaved, on one upstream and model.
 
-    python -m benchmarks peers            # ~12 minutes; writes bench-results/peers/
-    python -m benchmarks peers --quick    # ~3 minutes; a few seconds per case
+    python -m benchmarks peers                  # ~30 minutes; writes bench-results/peers/
+    python -m benchmarks peers --quick          # ~4 minutes; a few seconds per case
+    python -m benchmarks peers --only target    # one section (or several)
 
 Upstream: Fashion-MNIST held in memory, read through ``dataecho.sources.Throttled`` (sleeping
 reads) at R x t_down per batch of 128, in one loader worker that also augments (``Augment``
@@ -12,13 +13,16 @@ Loaders: see :mod:`benchmarks.peer_loaders`. Sections:
 2. input-bound, R in {2, 4, 8}, e = R: steps/s, stall, fresh examples/s, efficiency;
 3. test accuracy after a fixed fresh-example budget at equal e;
 4. peak RSS of each loader, and dataecho's growth with its shuffle buffer
-   (:mod:`benchmarks.peer_memory`: one forked process per case).
+   (:mod:`benchmarks.peer_memory`: one forked process per case);
+5. what dataecho's worker state snapshots cost (:mod:`benchmarks.peer_snapshots`);
+6. wall time to a target accuracy, auto against fixed e (:mod:`benchmarks.peer_target`).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import sys
 import threading
 import time
@@ -28,91 +32,14 @@ from typing import Any
 
 import torch
 
-from benchmarks import common, peer_memory, peer_report
+from benchmarks import common, peer_markdown, peer_memory, peer_snapshots, peer_target
 from benchmarks.peer_loaders import Case, build
+from benchmarks.peer_settings import QUICK, Settings
 from dataecho.sources.fashion_mnist import FashionMNIST
 from dataecho.sources.throttled import Throttled
 from dataecho.stages import echo
 from dataecho.workloads.augment import Augment
 from dataecho.workloads.cnn import evaluate
-
-
-@dataclass(frozen=True)
-class Settings:
-    ratios: tuple[float, ...] = (2, 4, 8)
-    batch_size: int = 128
-    duration: float = 4.0  # measured seconds per case and round (sections 1 and 2)
-    warmup: float = 1.0  # seconds (and >= 2 steps) before measuring
-    rounds: int = 2
-    overhead_rounds: int = 3
-    raw_seconds: float = 1.0  # per raw echo-stage measurement
-    raw_factor: int = 4
-    example_shuffle: int = 1024  # dataecho's example-level shuffle buffer, in examples
-    batch_shuffle: int = 8  # dataecho's batch-level shuffle buffer, in batches
-    auto_wheres: tuple[str, ...] = ("batch", "before_augment")
-    max_echo_factor: float = 16
-    quality_factor: int = 4
-    quality_budget: int = 12_800  # fresh examples per quality run
-    quality_seeds: tuple[int, ...] = (0, 1)
-    memory_factor: int = 4
-    memory_batches: int = 100
-    memory_kinds: tuple[str, ...] = ("dataloader", "monai", "adjacent", "dataecho")
-    shuffle_sizes: tuple[int, ...] = (0, 2048, 8192, 32768)
-    train_limit: int | None = None  # examples of the training split held (None: all 60,000)
-    test_limit: int | None = None  # test examples evaluated (None: all 10,000)
-    threads: int = 1
-    seed: int = 0
-
-    def input_bound_cases(self, ratio: float) -> list[Case]:
-        """Section 2's loaders at R = ``ratio``, all echoing e = R (rounded)."""
-        e = max(1, round(ratio))
-        return [
-            Case("dataloader"),
-            Case("monai", e),
-            Case("adjacent", e),
-            # Without a shuffle buffer first: what the peers do (copies adjacent), then with.
-            Case("dataecho", e, "before_augment"),
-            Case("dataecho", e, "before_augment", self.example_shuffle),
-            Case("dataecho", e, "after_augment", self.example_shuffle),
-            Case("dataecho", e, "batch"),
-            Case("dataecho", e, "batch", self.batch_shuffle),
-            Case("dataecho", e, "before_augment", self.example_shuffle, batch_augment=True),
-            *(Case("dataecho", "auto", w) for w in self.auto_wheres),
-        ]
-
-    def quality_cases(self) -> list[Case]:
-        e = self.quality_factor
-        return [
-            Case("dataloader"),
-            Case("monai", e),
-            Case("adjacent", e),
-            Case("dataecho", e, "batch", self.batch_shuffle),
-            Case("dataecho", e, "before_augment", self.example_shuffle),
-        ]
-
-    def memory_cases(self) -> list[Case]:
-        e = self.memory_factor
-        peers = [Case("dataloader"), Case("monai", e), Case("adjacent", e)]
-        ours = [
-            Case("dataecho", e, "before_augment"),
-            Case("dataecho", e, "after_augment"),
-            Case("dataecho", e, "batch"),
-            Case("dataecho", "auto", "batch"),
-        ]
-        growth = [
-            Case("dataecho", e, "before_augment", n, snapshots=snap)
-            for snap in (True, False)
-            for n in self.shuffle_sizes
-            if n > 1
-        ]
-        cases = [c for c in peers + ours if c.kind in self.memory_kinds]
-        return cases + (growth if "dataecho" in self.memory_kinds else [])
-
-
-QUICK = dict(
-    duration=1.5, warmup=0.5, rounds=1, overhead_rounds=1, raw_seconds=0.3,
-    quality_budget=2560, quality_seeds=(0,), memory_batches=40, shuffle_sizes=(0, 8192),
-)  # fmt: skip
 
 
 @dataclass
@@ -292,12 +219,20 @@ def run(s: Settings, log=print) -> dict:
         "input_bound": lambda: input_bound(ctx, log),
         "quality": lambda: quality(ctx, log),
         "memory": lambda: peer_memory.measure_all(s.memory_cases(), train, ctx.augment, s, log),
+        "snapshots": lambda: peer_snapshots.measure_all(train, ctx.augment, s, log),
+        "target": lambda: peer_target.run_all(ctx, log),
     }
-    result["seconds"] = {}
+    result["seconds"], result["failed"] = {}, {}
     for name, section in sections.items():
+        if name not in s.sections:
+            continue
         log(f"section {name}")
         start = time.perf_counter()
-        result[name] = section()
+        try:
+            result[name] = section()
+        except Exception as err:  # noqa: BLE001  (the other sections still count; exit 1)
+            log(f"section {name} FAILED: {type(err).__name__}: {err}")
+            result["failed"][name] = f"{type(err).__name__}: {err}"
         result["seconds"][name] = time.perf_counter() - start
     result["machine"] = common.machine_summary() | {
         "load_before": load_before,
@@ -314,12 +249,25 @@ def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--rounds", type=int, help="interleaved rounds of section 2 (default 2)")
     p.add_argument("--duration", type=float, help="measured seconds per case and round (4)")
     p.add_argument("--ratios", type=float, nargs="+", help="R values (2 4 8)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=Settings.sections,
+        metavar="SECTION",
+        help=f"run only these sections: {' '.join(Settings.sections)}",
+    )
+    p.add_argument("--target-ratios", type=float, nargs="+", help="R values of section 6 (2 4 8)")
+    p.add_argument("--target-rounds", type=int, help="rounds (seeds) of section 6 (2)")
+    p.add_argument("--target-accuracy", type=float, help="test accuracy section 6 races to (0.8)")
     p.add_argument("--out", type=Path, default=common.REPO / "bench-results" / "peers",
                    help="where peers.md and peers.png go")  # fmt: skip
     a = p.parse_args(argv)
     s = Settings(**QUICK) if a.quick else Settings()
     given = {"rounds": a.rounds, "duration": a.duration,
-             "ratios": tuple(a.ratios) if a.ratios else None}  # fmt: skip
+             "ratios": tuple(a.ratios) if a.ratios else None,
+             "sections": tuple(a.only) if a.only else None, "target_rounds": a.target_rounds,
+             "target_accuracy": a.target_accuracy,
+             "target_ratios": tuple(a.target_ratios) if a.target_ratios else None}  # fmt: skip
     return replace(s, **{k: v for k, v in given.items() if v is not None}), a
 
 
@@ -328,10 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     settings, a = parse(args)
     result = run(settings, log=lambda m: print(m, file=sys.stderr, flush=True))
     command = " ".join(["python -m benchmarks peers", *args])
-    path = peer_report.write(result, command, a.out)
+    path = peer_markdown.write(result, command, a.out)
     print(path.read_text())
     print(f"written: {path} and {path.with_name('peers.png')}", file=sys.stderr)
-    return 0 if all(math.isfinite(w.steps) for w in result["input_bound"].values()) else 1
+    with open(a.out / "peers.pickle", "wb") as f:  # the raw result, to re-render the report
+        pickle.dump(result, f)
+    windows = result.get("input_bound", {}).values()
+    ok = not result["failed"] and all(math.isfinite(w.steps) for w in windows)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

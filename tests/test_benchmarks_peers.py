@@ -23,13 +23,23 @@ if importlib.util.find_spec("monai") is None:  # found without importing it (sec
     )
 
 from benchmarks import __main__ as dispatcher  # noqa: E402
-from benchmarks import peer_report, peers  # noqa: E402
+from benchmarks import (  # noqa: E402
+    peer_markdown,
+    peer_report,
+    peer_snapshots,
+    peer_target,
+    peer_target_report,
+    peers,
+)
 from benchmarks.peer_loaders import AdjacentRepeat, Case  # noqa: E402
 
 TINY = peers.Settings(
-    ratios=(4,), duration=0.4, warmup=0.2, rounds=1, overhead_rounds=1, raw_seconds=0.05,
-    quality_budget=512, quality_seeds=(0,), memory_batches=4,
-    memory_kinds=("dataloader", "dataecho"), shuffle_sizes=(0, 4096), train_limit=12_000, test_limit=1000,
+    ratios=(4,), duration=0.4, warmup=0.1, rounds=1, overhead_rounds=1, raw_seconds=0.05,
+    quality_budget=512, quality_seeds=(0,), memory_batches=4, memory_factor=2,
+    memory_kinds=("dataloader",), shuffle_sizes=(0, 4096), train_limit=12_000, test_limit=1000,
+    snapshot_batches=6, snapshot_warmup=2, snapshot_rounds=1,
+    target_ratios=(4,), target_factors=(2,), target_accuracy=0.3, target_eval_every=256,
+    target_eval_examples=200, target_max_seconds=4.0, target_rounds=1,
 )  # fmt: skip
 
 
@@ -75,7 +85,8 @@ def test_every_section_has_one_finite_row_per_case(result):
     assert all(len(r) == len(peer_report.INPUT_HEADERS) for r in bound)
     assert_finite(bound, [0, *range(2, 10)])
     targets = peer_report.target_rows(result)
-    assert len(targets) == 1 and targets[0][5].startswith(("yes", "no: "))
+    assert [r[1] for r in targets] == ["default", "off"]  # like for like: snapshots off
+    assert all(r[5].startswith(("yes", "no: ")) for r in targets)
 
     quality = peer_report.quality_rows(result)
     assert [r[0] for r in quality] == [c.name for c in TINY.quality_cases()]
@@ -85,8 +96,40 @@ def test_every_section_has_one_finite_row_per_case(result):
     assert [r[0] for r in memory] == [c.name for c in TINY.memory_cases()]
     assert_finite(memory, range(1, 7))
     growth = peer_report.growth_rows(result)
-    assert [(r[0], r[1]) for r in growth] == [("0", "-"), ("4,096", "on"), ("4,096", "off")]
+    assert [r[0] for r in growth] == ["0", "4,096", "4,096"]
+    assert growth[0][1] == "-" and growth[1][1].startswith("every ") and growth[2][1] == "off"
     assert_finite(growth[1:], range(2, 6))
+
+    snapshots = peer_snapshots.rows(result)
+    assert [r[0] for r in snapshots] == [c.name for c in peer_snapshots.cases(TINY)]
+    assert_finite(snapshots, range(2, 5))
+    intervals = {r[0]: r[1] for r in snapshots}
+    assert intervals["dataecho e=4 (before_augment, shuffle 1024, snapshots every 8)"] == "8"
+    assert intervals["dataecho e=4 (before_augment, shuffle 1024, no snapshots)"] == "-"
+
+
+@pytest.mark.timeout(240)
+def test_target_section_counts_and_tables(result):
+    s = TINY
+    assert [c for _, c in result["target"]] == peer_target.cases(s)
+    for (_, case), runs in result["target"].items():
+        (run,) = runs
+        # Counts that cannot depend on timing: distinct examples never exceed those stepped on,
+        # and an evaluation comes only after each further eval_every fresh examples.
+        assert run["fresh"] <= run["steps"] * s.batch_size, case.name
+        assert run["fresh"] >= run["evals"] * s.target_eval_every, case.name
+        if run["reached"]:
+            assert run["accuracy"] >= s.target_accuracy and run["evals"] >= 1
+    table = peer_target_report.rows(result)
+    assert [r[1] for r in table] == [c.name for c in peer_target.cases(s)]
+    for row in table:
+        assert row[2] in ("0/1", "1/1") and math.isfinite(number(row[5]))
+        assert row[3] == "not reached" or math.isfinite(number(row[3]))
+    verdicts = peer_target_report.verdict_rows(result)
+    assert [r[1] for r in verdicts] == ["batch", "before_augment"]
+    assert all(r[-1] in ("met", "within 10% (about met)", "NOT met") for r in verdicts)
+    peers_vs = peer_target_report.peer_rows(result)
+    assert len(peers_vs) == 1 and peers_vs[0][6] in ("yes", "no")
 
 
 @pytest.mark.timeout(240)
@@ -111,10 +154,10 @@ def test_shuffle_buffer_grows_the_worker_by_at_least_its_payload(result):
 
 @pytest.mark.timeout(240)
 def test_report_and_plot_are_written(result, tmp_path):
-    path = peer_report.write(result, "python -m benchmarks peers --tiny", tmp_path)
+    path = peer_markdown.write(result, "python -m benchmarks peers --tiny", tmp_path)
     text = path.read_text()
     assert "`python -m benchmarks peers --tiny`" in text
-    assert text.count("\n## ") == 4 and "nan" not in text.lower().replace("nanosecond", "")
+    assert text.count("\n## ") == 6 and "nan" not in text.lower().replace("nanosecond", "")
     png = (tmp_path / "peers.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
@@ -136,7 +179,31 @@ def test_case_names_and_quick_settings():
     )
     quick, _ = peers.parse(["--quick", "--ratios", "2", "3"])
     assert quick.rounds == 1 and quick.duration < peers.Settings().duration
-    assert quick.ratios == (2.0, 3.0)
+    assert quick.ratios == (2.0, 3.0) and quick.sections == peers.Settings().sections
+    only, _ = peers.parse(["--only", "target", "--target-ratios", "4", "--target-rounds", "3",
+                           "--target-accuracy", "0.7"])  # fmt: skip
+    assert only.sections == ("target",) and only.target_ratios == (4.0,)
+    assert only.target_accuracy == 0.7
+    assert only.target_rounds == 3
+    assert (
+        Case("dataecho", 4, "batch", snapshots=8).name == "dataecho e=4 (batch, snapshots every 8)"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_a_report_has_only_the_sections_that_ran(result, tmp_path):
+    partial = {k: v for k, v in result.items() if k not in peers.Settings.sections[:-2]}
+    path = peer_markdown.write(
+        partial, "python -m benchmarks peers --only snapshots target", tmp_path
+    )
+    text = path.read_text()
+    assert text.count("\n## ") == 2 and "## 5." in text and "## 6." in text
+    assert (tmp_path / "peers.png").exists()
+    del partial["target"]
+    path = peer_markdown.write(
+        partial, "python -m benchmarks peers --only snapshots", tmp_path / "s"
+    )
+    assert path.read_text().count("\n## ") == 1 and not (tmp_path / "s" / "peers.png").exists()
 
 
 def test_dispatcher_lists_peers(capsys):

@@ -35,6 +35,7 @@ from dataecho.loader.pipeline import (
     echo_stage,
     unwrap_identity,
 )
+from dataecho.loader.snapshots import snapshot_interval
 from dataecho.loader.transport import from_wire
 from dataecho.stages import EchoStats, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE, derive_seed, resolve_seed
@@ -184,13 +185,6 @@ class EchoingDataLoader:
         # The inner DataLoader draws its workers' base seed from this generator rather than
         # from torch's global RNG, which belongs to the training loop.
         dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(self.seed))
-        # Workers send their pipeline's state with every snapshot, shuffle buffer included.
-        # One snapshot per buffer's worth of batches keeps that cost small; a resume between
-        # snapshots replays (re-reads) at most that many batches in the worker, then continues
-        # exactly where the checkpoint was.
-        dataloader_kwargs.setdefault(
-            "snapshot_every_n_steps", max(1, self.options.shuffle_buffer // self.options.batch_size)
-        )
         opts = self.options
         if self.num_workers and opts.where != "batch" and not opts.adaptive:
             # The workers' queue holds *emitted* batches: with example echoing each fresh batch
@@ -200,6 +194,14 @@ class EchoingDataLoader:
             # stops reading, so the pause costs the echoed run upstream time that a run
             # without echoing hides.
             dataloader_kwargs.setdefault("prefetch_factor", 2 * math.ceil(opts.echo_factor))
+        # Workers send their pipeline's state with snapshots, shuffle buffer included: about one
+        # per buffer's worth of batches keeps that cost small (loader/snapshots.py); a resume
+        # between snapshots replays (re-reads) at most one interval of batches in the worker,
+        # then continues exactly where the checkpoint was.
+        dataloader_kwargs.setdefault(
+            "snapshot_every_n_steps",
+            snapshot_interval(opts, self.num_workers, dataloader_kwargs.get("prefetch_factor")),
+        )
         dataloader_kwargs["worker_init_fn"] = DieWithParent(dataloader_kwargs.get("worker_init_fn"))
         self._pipeline = PipelineDataset(dataset, self.options, collate_fn or default_collate)
         # Pinning happens before our main-process code sees a batch: keep tensors for it.

@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import Counted, IndexedReader, data_parallel_rank
 from dataecho.loader.rng_scope import RngScope
+from dataecho.loader.snapshots import send_once
 from dataecho.loader.transport import to_wire
 from dataecho.stages import Echo, Shuffle
 from dataecho.stages.adaptive import AdaptiveEcho
@@ -114,6 +115,7 @@ class PipelineIterator:
             self.root = Mapper(self.root, opts.batch_transform)
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
         self._pipe = info is not None and owner.pipe_small_batches
+        self._in_worker = info is not None
         self._reported = 0  # fresh examples already attributed to a yielded batch
 
     def __iter__(self) -> PipelineIterator:
@@ -131,11 +133,13 @@ class PipelineIterator:
         return node.count if isinstance(node, Counted) else node.stats.fresh_examples
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "root": self.root.state_dict(),
             "rng": self._rng.state_dict(),
             "reported": self._reported,
         }
+        # A worker's state goes to the training process; its packed buffer need not stay here.
+        return send_once(state) if self._in_worker else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.root.reset(state["root"])
