@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -18,6 +19,13 @@ import pytest
 import torch
 
 from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
+
+# A shell starts background jobs (`make test &` in a script, `nohup ... &`) with SIGINT ignored,
+# and an ignored signal stays ignored in every process started from here. The Ctrl-C tests
+# (tests/test_shutdown.py, test_cli.py, ...) send SIGINT and need the usual KeyboardInterrupt:
+# restore it for this process; a handler, unlike "ignore", is reset to the default in children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 try:
     find_nginx()
