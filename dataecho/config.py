@@ -124,9 +124,10 @@ class TrainConfig:
         "(default: one batch of examples, or 1 batch for where=batch)",
     )  # fmt: skip
     reuse_policy: str | None = _opt(
-        None, Choice(("uniform", "latest"), none="default"), "echoing",
-        "with echo factor 'auto': draw the item to reuse uniformly from the buffer, or take "
-        "the latest (default: uniform for examples, latest for batches)",
+        None, Choice(("uniform", "latest", "fewest"), none="default"), "echoing",
+        "with echo factor 'auto': reuse an item emitted fewest times so far, one drawn "
+        "uniformly from the buffer, or the latest (default: fewest for examples, latest for "
+        "batches)",
     )  # fmt: skip
     where: str = _opt(
         "before_augment", Choice(WHERE_CHOICES), "echoing", "insertion point of the echo stage"

@@ -147,6 +147,22 @@ def test_uniform_policy(cleanup):
     assert _uniform_run(cleanup, seed=1) == reuses  # seeded: the same draws
 
 
+def test_fewest_policy_gives_every_buffered_item_a_copy_before_any_a_second(cleanup):
+    gate = Gate(range(10))
+    node = adaptive_echo(gate, max_factor=5, buffer_size=3, policy="fewest", seed=2)
+    cleanup += [gate, node]
+    node.reset()
+    gate.release(4)
+    wait_until(lambda: node.queued == 4)
+    assert [next(node) for _ in range(4)] == [0, 1, 2, 3]
+    reuses = [next(node) for _ in range(12)]
+    # In rounds: each of the last 3 fresh items once (in a seeded random order), then again.
+    assert [sorted(reuses[i : i + 3]) for i in range(0, 12, 3)] == [[1, 2, 3]] * 4
+    assert reuses[:3] != [3, 3, 3]
+    threading.Timer(0.2, gate.release).start()
+    assert next(node) == 4  # all three at their cap: it waited for fresh data
+
+
 def test_max_factor_one_never_reuses(cleanup):
     node = adaptive_echo(slow(5, 0.02), max_factor=1)
     cleanup.append(node)
@@ -266,7 +282,11 @@ def test_reset_starts_a_new_epoch_with_one_thread(cleanup):
         ({"max_factor": "2"}, TypeError, r"max_factor must be a real number.*got '2'"),
         ({"max_factor": 2, "buffer_size": 0}, ValueError, r"buffer_size must be >= 1, got 0"),
         ({"max_factor": 2, "buffer_size": 1.5}, TypeError, r"buffer_size must be an integer"),
-        ({"max_factor": 2, "policy": "random"}, ValueError, r"'latest', 'uniform', got 'random'"),
+        (
+            {"max_factor": 2, "policy": "random"},
+            ValueError,
+            r"'latest', 'uniform', 'fewest', got 'random'",
+        ),
         ({"max_factor": 2, "queue_size": 0}, ValueError, r"queue_size must be >= 1, got 0"),
         ({"max_factor": 2, "seed": -1}, ValueError, r"seed must be >= 0, got -1"),
     ],
@@ -381,7 +401,7 @@ def test_resume_is_exact_without_reuse():
     n=st.integers(0, 40),
     max_factor=st.sampled_from([1, 1.5, 2, 3, 5]),
     buffer_size=st.integers(1, 4),
-    policy=st.sampled_from(["latest", "uniform"]),
+    policy=st.sampled_from(["latest", "uniform", "fewest"]),
     queue_size=st.integers(1, 4),
 )
 def test_stream_invariants(n, max_factor, buffer_size, policy, queue_size):

@@ -115,7 +115,8 @@ class EchoingDataLoader:
             "auto" = reuse only while fresh data is late (see ``dataecho.adaptive_echo``).
         max_echo_factor: with "auto", the most times one item may be emitted.
         reuse_buffer: with "auto", how many recent fresh items may be reused.
-        reuse_policy: with "auto", "uniform" or "latest" choice among them.
+        reuse_policy: with "auto", "fewest" (default for examples), "uniform" or "latest"
+            (default for batches) choice among them.
         where: "before_augment" (each copy gets its own ``transform`` call), "after_augment"
             (identical copies) or "batch" (whole batches repeat).
         shuffle_buffer: post-echo shuffle buffer, in examples (or batches for "batch").

@@ -48,7 +48,7 @@ from dataecho.stages.seeds import STAGE_ADAPTIVE
 
 T = TypeVar("T")
 
-POLICIES = ("latest", "uniform")
+POLICIES = ("latest", "uniform", "fewest")
 THREAD_PREFIX = "dataecho-adaptive"
 _POLL_S = 0.1  # how often a blocked put/get rechecks for shutdown; only a safety net
 _END, _ERROR = object(), object()  # queue markers: source exhausted / source raised
@@ -153,6 +153,9 @@ class AdaptiveEcho(Stage[T]):
         except queue.Empty:
             allowed = [entry for entry in self._buffer if entry[1] < self._limit]
             if allowed:
+                if self.policy == "fewest":  # copies spread evenly: a 2nd before any 3rd
+                    fewest = min(entry[1] for entry in allowed)
+                    allowed = [entry for entry in allowed if entry[1] == fewest]
                 chosen = allowed[-1] if self.policy == "latest" else self._rng.choice(allowed)
                 chosen[1] += 1
                 self.stats.examples_out += 1
@@ -249,8 +252,10 @@ def adaptive_echo(
         source: any iterable or torchdata node; read on one background thread.
         max_factor: most emissions of one item, fresh one included (floor of it; 1: never reuse).
         buffer_size: how many of the latest fresh items may be reused.
-        policy: ``"latest"`` reuses the newest item still allowed, ``"uniform"`` a random one.
-        seed: seed of the ``"uniform"`` draws (None: fresh entropy, recorded in the state).
+        policy: ``"latest"`` reuses the newest item still allowed, ``"uniform"`` a random one,
+            ``"fewest"`` a random one among those emitted fewest times so far (copies spread
+            evenly over the buffer, as a fixed factor spreads them).
+        seed: seed of the random draws (None: fresh entropy, recorded in the state).
         copy: emit independent copies (see :mod:`dataecho.stages.copying`).
         queue_size: how many fresh items the thread may read ahead.
 
