@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import itertools
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -200,3 +201,13 @@ class SlowIterable:
         for i in range(self.n):
             time.sleep(self.delay)
             yield i
+
+
+def wait_for_log(proc: subprocess.Popen, read_log: Callable[[], str], needle: str,
+                 deadline: float) -> None:  # fmt: skip
+    """Until ``needle`` shows in ``read_log()``; fails with the log if ``proc`` exits first or
+    ``deadline`` (``time.monotonic()``) passes."""
+    while needle not in read_log():
+        assert proc.poll() is None, read_log()
+        assert time.monotonic() < deadline, f"no {needle!r} yet: {read_log()}"
+        time.sleep(0.05)

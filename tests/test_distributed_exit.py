@@ -13,7 +13,6 @@ resumed: the losses and counts equal an uninterrupted run's.
 from __future__ import annotations
 
 import dataclasses
-import io
 import multiprocessing as mp
 import os
 import random
@@ -26,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from test_distributed_sync import WORLD, _entry, free_port
+from conftest import wait_for_log
+from test_distributed_sync import run_ranks as sync_run_ranks
 
 from dataecho.checkpoint import list_checkpoints, load_checkpoint
 from dataecho.config import TrainConfig, config_from
@@ -173,24 +172,9 @@ class SignalAt:
 
 
 def run_ranks(fn: Any, *args: Any, timeout: float = 100) -> list[Any]:
-    """``fn(rank, *args)`` on 2 ranks forked from here (test_distributed_sync's harness, but
-    not daemonic: a rank's loader may start workers); their results by rank."""
-    ctx = mp.get_context("fork")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, port, queue, args)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    try:
-        results = {r: (status, out) for r, status, out in
-                   (queue.get(timeout=timeout) for _ in procs)}  # fmt: skip
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    for r, (status, out) in sorted(results.items()):
-        assert status == "ok", f"rank {r}: {out}"
-    return [torch.load(io.BytesIO(results[r][1]), weights_only=False) for r in range(WORLD)]
+    """``fn(rank, *args)`` on 2 ranks forked from here (test_distributed_sync's harness), not
+    daemonic: a rank's loader may start workers; their results by rank."""
+    return sync_run_ranks(fn, *args, timeout=timeout, daemon=False)
 
 
 def _rank(rank: int, settings: dict, fault: tuple | None) -> dict[str, Any]:
@@ -286,11 +270,8 @@ def test_sigterm_to_a_launched_run_checkpoints_every_rank_at_one_step_and_resume
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while "| test acc" not in log.read_text():  # rank 0 trains: both ranks are up
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        # Rank 0 trains: both ranks are up.
+        wait_for_log(proc, log.read_text, "| test acc", time.monotonic() + 120)
         time.sleep(random.uniform(0.0, 0.5))
         # The whole group, as a shell's kill %1: the launcher (which forwards it to each rank
         # again), the ranks and their loader workers (which must not die mid-batch).

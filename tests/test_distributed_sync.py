@@ -54,7 +54,7 @@ def _entry(fn: Any, rank: int, port: int, queue: Any, args: tuple) -> None:
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 
-def start_ranks(fn: Any, *args: Any) -> tuple[list[Any], Any]:
+def start_ranks(fn: Any, *args: Any, daemon: bool = True) -> tuple[list[Any], Any]:
     """Start WORLD processes running ``fn(rank, *args)``; returns (processes, result queue).
 
     Forked from this process, which has imported torch already (a spawned one would spend
@@ -63,19 +63,20 @@ def start_ranks(fn: Any, *args: Any) -> tuple[list[Any], Any]:
     """
     ctx = mp.get_context("fork")
     queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, port, queue, args), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, r, port, queue, args), daemon=daemon)
              for r in range(WORLD)]  # fmt: skip
     for p in procs:
         p.start()
     return procs, queue
 
 
-def run_ranks(fn: Any, *args: Any, timeout: float = 120) -> list[Any]:
-    """``fn(rank, *args)`` on every rank; their results by rank (a rank's error fails)."""
-    procs, queue = start_ranks(fn, *args)
+def run_ranks(fn: Any, *args: Any, timeout: float = 120, daemon: bool = True) -> list[Any]:
+    """``fn(rank, *args)`` on every rank; their results by rank (a rank's error fails).
+    ``daemon=False`` for ranks that start processes of their own (loader workers)."""
+    procs, queue = start_ranks(fn, *args, daemon=daemon)
     try:
-        results = dict((r, (status, out)) for r, status, out in
-                       (queue.get(timeout=timeout) for _ in procs))  # fmt: skip
+        results = {r: (status, out) for r, status, out in
+                   (queue.get(timeout=timeout) for _ in procs)}  # fmt: skip
     finally:
         for p in procs:
             p.join(timeout=10)

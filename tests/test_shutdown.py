@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_stream, torch_roundtrip
+from conftest import assert_same_stream, torch_roundtrip, wait_for_log
 from test_loader import Numbers
 from test_reliability_resume import synthetic
 
@@ -211,10 +211,8 @@ def wait_for_processes(pgid: int, n: int) -> None:
 
 
 def wait_for_training(proc: subprocess.Popen, deadline: float) -> None:
-    while "| test acc" not in log_of(proc):  # the first evaluation: well into training
-        assert proc.poll() is None, log_of(proc)
-        assert time.monotonic() < deadline, f"no evaluation yet: {log_of(proc)}"
-        time.sleep(0.05)
+    # The first evaluation: well into training.
+    wait_for_log(proc, lambda: log_of(proc), "| test acc", deadline)
 
 
 def config(shards: Path, data_dir: Path, **extra) -> TrainConfig:
@@ -296,11 +294,8 @@ def test_sigterm_to_a_data_parallel_launcher_stops_every_rank_and_exits_143(smal
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while "| test acc" not in log.read_text():  # rank 0 trains: both ranks are up
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        # Rank 0 trains: both ranks are up.
+        wait_for_log(proc, log.read_text, "| test acc", time.monotonic() + 90)
         # The launcher, its 2 ranks and their loader workers (and the spawn resource tracker).
         wait_for_processes(proc.pid, 5)
         proc.send_signal(signal.SIGTERM)
