@@ -44,6 +44,7 @@ class Case:
     # dataecho's worker state snapshots (for checkpoints): True = the loader's default
     # interval, False = none (no checkpoints then, like the peers), a number = that interval.
     snapshots: bool | int = True
+    read_ahead: int | None = None  # dataecho's read-ahead (examples); None = the default
 
     @property
     def name(self) -> str:
@@ -61,7 +62,8 @@ class Case:
             else ", no snapshots" if self.snapshots is False
             else f", snapshots every {self.snapshots}"
         )  # fmt: skip
-        return f"dataecho e={e} ({self.where}{shuffle}{batch_aug}{snapshots})"
+        ahead = "" if self.read_ahead is None else f", read-ahead {self.read_ahead}"
+        return f"dataecho e={e} ({self.where}{shuffle}{batch_aug}{snapshots}{ahead})"
 
 
 class Indexed(Dataset):
@@ -193,6 +195,7 @@ def build(
             batch_transform=augment if case.batch_augment else None,
             seed=seed,
             shuffle=shuffle,
+            read_ahead=case.read_ahead,
             **snapshots,
             **common,
         )

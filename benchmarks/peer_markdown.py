@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import common, peer_snapshots, peer_target_report
+from benchmarks import common, peer_snapshots, peer_target_report, peer_verdict
 from benchmarks.peer_report import (
     EXAMPLE_PAYLOAD,
     GROWTH_HEADERS,
@@ -72,7 +72,13 @@ state snapshots off (no checkpoints then): like for like with the peers, which c
 
 {table(INPUT_HEADERS, input_rows(result), align="rl" + "r" * 8)}
 
-Against the fastest peer at equal e (ratios of steps/s):
+Target (i), "never slower than the fastest peer at equal e", by paired rounds (see
+`benchmarks/peer_verdict.py`: like for like, then fastest against fastest; "yes" = mean
+ratio >= {peer_verdict.TOLERANCE}):
+
+{table(peer_verdict.HEADERS, peer_verdict.rows(result), align="rlllrll")}
+
+Every dataecho loader against the fastest peer at equal e (ratios of steps/s):
 
 {table(TARGET_HEADERS, target_rows(result), align="rlllll")}
 

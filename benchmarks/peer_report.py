@@ -92,7 +92,7 @@ def input_rows(result: dict) -> list[list[str]]:
 
 TARGET_HEADERS = ["R", "dataecho snapshots", "fastest peer, steps/s",
                   "dataecho fixed e: steps/s / peer's", "auto: steps/s / best fixed e's",
-                  "never slower?"]  # fmt: skip
+                  "slower than the fastest peer"]  # fmt: skip
 
 
 def label(case: Case) -> str:
@@ -126,7 +126,7 @@ def target_rows(result: dict) -> list[list[str]]:
             autos = "; ".join(f"{label(f['case'])} {f['steps/s'] / best_fixed['steps/s']:.3f}"
                               for f in ours if f["case"].echo == "auto")  # fmt: skip
             slower = [label(f["case"]) for f in fixed if f["steps/s"] < best_peer["steps/s"]]
-            verdict = "yes" if not slower else "no: " + ", ".join(slower)
+            verdict = ", ".join(slower) if slower else "none"
             rows.append([fmt(ratio, "{:g}"), "default" if snapshots else "off",
                          f"{best_peer['case'].name} {best_peer['steps/s']:.2f}", ratios,
                          autos or "-", verdict])  # fmt: skip

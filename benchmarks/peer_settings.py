@@ -58,6 +58,7 @@ class Settings:
             Case("adjacent", e),
             # Without a shuffle buffer first: what the peers do (copies adjacent), then with.
             Case("dataecho", e, "before_augment"),
+            Case("dataecho", e, "before_augment", read_ahead=0),  # what the read-ahead buys
             Case("dataecho", e, "before_augment", self.example_shuffle),
             Case("dataecho", e, "after_augment", self.example_shuffle),
             Case("dataecho", e, "batch"),

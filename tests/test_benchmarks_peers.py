@@ -29,6 +29,7 @@ from benchmarks import (  # noqa: E402
     peer_snapshots,
     peer_target,
     peer_target_report,
+    peer_verdict,
     peers,
 )
 from benchmarks.peer_loaders import AdjacentRepeat, Case  # noqa: E402
@@ -86,7 +87,15 @@ def test_every_section_has_one_finite_row_per_case(result):
     assert_finite(bound, [0, *range(2, 10)])
     targets = peer_report.target_rows(result)
     assert [r[1] for r in targets] == ["default", "off"]  # like for like: snapshots off
-    assert all(r[5].startswith(("yes", "no: ")) for r in targets)
+    assert all(r[5] for r in targets)
+    verdicts = peer_verdict.rows(result)
+    e = round(ratio)
+    assert [r[1] for r in verdicts] == ["same work as MONAI", "same work as adjacent",
+                                        "fastest vs fastest"]  # fmt: skip
+    assert verdicts[0][2:4] == [f"dataecho e={e} (batch)", f"MONAI repeats={e}"]
+    assert verdicts[1][2:4] == [f"dataecho e={e} (before_augment)", f"adjacent repeats={e}"]
+    assert_finite(verdicts, [4])
+    assert all(r[6] in ("yes", "no", "no (rounds disagree)") for r in verdicts)
 
     quality = peer_report.quality_rows(result)
     assert [r[0] for r in quality] == [c.name for c in TINY.quality_cases()]
@@ -209,3 +218,10 @@ def test_a_report_has_only_the_sections_that_ran(result, tmp_path):
 def test_dispatcher_lists_peers(capsys):
     assert dispatcher.main([]) == 0
     assert "peers" in capsys.readouterr().out
+
+
+def test_verdict_reads_paired_rounds():
+    assert peer_verdict.verdict([1.02, 0.97]) == "yes"  # mean 0.995 >= 0.98
+    assert peer_verdict.verdict([0.99, 0.96]) == "no"  # mean 0.975, every round slower
+    assert peer_verdict.verdict([0.85, 1.05]) == "no (rounds disagree)"
+    assert peer_verdict.verdict([]) == "-"

@@ -130,6 +130,8 @@ class EchoingDataLoader:
         drop_last: drop each worker's last incomplete batch.
         copy: echoed copies never alias (costs one memcpy per copy, made only where a
             per-example transform or a custom collate could see them); False to share them.
+        read_ahead: examples each worker reads ahead on a thread while the echo stage works
+            (None: one batch when echoing examples at a fixed factor, else 0).
         collate_fn: how examples become a batch (default: ``torch.utils.data.default_collate``).
         **dataloader_kwargs: passed to the inner ``StatefulDataLoader`` (pin_memory, timeout,
             prefetch_factor, multiprocessing_context, snapshot_every_n_steps, ...).
@@ -153,6 +155,7 @@ class EchoingDataLoader:
         shuffle: bool = False,
         drop_last: bool = False,
         copy: bool = True,
+        read_ahead: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
@@ -169,6 +172,7 @@ class EchoingDataLoader:
             shuffle=shuffle,
             drop_last=drop_last,
             copy=copy,
+            read_ahead=read_ahead,
         )
         self.num_workers = _validate.non_negative_int(
             num_workers, name="num_workers", hint="use 0 to read in the main process"

@@ -36,6 +36,11 @@ class LoaderOptions:
         shuffle: read a map-style dataset in a new random order each epoch.
         drop_last: drop each worker's last incomplete batch.
         copy: echoed copies are independent objects (see ``dataecho.stages.copying``).
+        read_ahead: examples each worker reads ahead on a background thread, so slow reads
+            overlap the echo stage's work (``dataecho.loader.read_ahead``). None: one
+            batch's worth when echoing examples at a fixed factor, else 0 ("auto" reads ahead
+            on its own; batch echoing leaves the worker's work as without echo). A dataset
+            whose ``__getitem__`` draws random numbers is reproducible only with 0.
     """
 
     batch_size: int
@@ -50,6 +55,7 @@ class LoaderOptions:
     shuffle: bool = False
     drop_last: bool = False
     copy: bool = True
+    read_ahead: int | None = None
 
     @property
     def adaptive(self) -> bool:
@@ -104,6 +110,18 @@ class LoaderOptions:
             "shuffle_buffer",
             _validate.non_negative_int(
                 self.shuffle_buffer, name="shuffle_buffer", hint="use 0 for no post-echo shuffling"
+            ),
+        )
+        if self.read_ahead is None:
+            fixed_examples = self.echoes and not self.adaptive and self.where != "batch"
+            set_(self, "read_ahead", self.batch_size if fixed_examples else 0)
+        set_(
+            self,
+            "read_ahead",
+            _validate.non_negative_int(
+                self.read_ahead,
+                name="read_ahead",
+                hint="the examples each worker reads ahead on a thread; 0 reads in step",
             ),
         )
         for name, what in (("transform", "example"), ("batch_transform", "batch")):

@@ -16,6 +16,7 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
 
 from dataecho.loader.options import LoaderOptions
+from dataecho.loader.read_ahead import read_ahead, stop_read_ahead
 from dataecho.loader.reading import Counted, IndexedReader, data_parallel_rank
 from dataecho.loader.rng_scope import RngScope
 from dataecho.loader.snapshots import send_once
@@ -88,7 +89,7 @@ class PipelineIterator:
             )
         else:
             source = IterableWrapper(owner.dataset)
-        node: BaseNode[Any] = Counted(source)
+        node: BaseNode[Any] = Counted(read_ahead(source, opts.read_ahead))
         self._fresh = node  # whatever counts fresh examples; the echo stage once there is one
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
@@ -189,6 +190,7 @@ def close_chain(node: Any) -> None:
             node.close(timeout=5.0)
         elif hasattr(node, "close"):
             node.close()
+        stop_read_ahead(node)
         node = getattr(node, "source", None)
 
 
