@@ -242,7 +242,10 @@ def test_a_rank_blocked_on_its_data_joins_the_exchange_void_and_no_checkpoint_is
     small, tmp_path, sync
 ):
     folder = tmp_path / "ckpt"
-    stop = {**_settings(small, sync=sync), "checkpoint_dir": str(folder),
+    # echo_factor 1: the read (and its 600 s wait) happens in the rank's own wait for a batch.
+    # Echoing at a fixed factor would read ahead on a thread, and the rank would train on what
+    # was read ahead and stop after a step, with a checkpoint, before it ever waited.
+    stop = {**_settings(small, sync=sync, echo_factor=1), "checkpoint_dir": str(folder),
             "checkpoint_on_exit": "true"}  # fmt: skip
     t0 = time.monotonic()
     ranks = run_ranks(_rank, stop, (70, signal.SIGTERM, 600.0), timeout=100)
