@@ -23,6 +23,10 @@ BENCHMARKS = {
         "benchmarks.peers",
         "dataecho vs DataLoader, MONAI ThreadDataLoader and adjacent repeats (issue 7)",
     ),
+    "read_ahead": (
+        "benchmarks.read_ahead",
+        "the loader's read-ahead on vs off, fixed e, latency-bound and paced upstreams (issue 7)",
+    ),
     "augmentation": (
         "benchmarks.augmentation",
         "the main job (issue 4): fresh examples to 85% per augmentation shift, e=1 vs e=4",

@@ -35,7 +35,7 @@ from benchmarks import (  # noqa: E402
 from benchmarks.peer_loaders import AdjacentRepeat, Case  # noqa: E402
 
 TINY = peers.Settings(
-    ratios=(4,), duration=0.4, warmup=0.1, rounds=1, overhead_rounds=1, raw_seconds=0.05,
+    ratios=(4,), duration=0.25, warmup=0.05, rounds=1, overhead_rounds=1, raw_seconds=0.05,
     quality_budget=512, quality_seeds=(0,), memory_batches=4, memory_factor=2,
     memory_kinds=("dataloader",), shuffle_sizes=(0, 4096), train_limit=12_000, test_limit=1000,
     snapshot_batches=6, snapshot_warmup=2, snapshot_rounds=1,
