@@ -44,6 +44,9 @@ class Settings:
     target_rounds: int = 2
     sections: tuple[str, ...] = ("overhead", "raw", "input_bound", "quality", "memory",
                                  "snapshots", "target")  # fmt: skip
+    # Section 2 only runs the loaders whose names contain one of these (DataLoader always: it
+    # is the efficiency's base); empty = every loader.
+    input_bound_match: tuple[str, ...] = ()
     train_limit: int | None = None  # examples of the training split held (None: all 60,000)
     test_limit: int | None = None  # test examples evaluated (None: all 10,000)
     threads: int = 1
@@ -51,6 +54,13 @@ class Settings:
 
     def input_bound_cases(self, ratio: float) -> list[Case]:
         """Section 2's loaders at R = ``ratio``, all echoing e = R (rounded)."""
+        cases = self._all_input_bound_cases(ratio)
+        if not self.input_bound_match:
+            return cases
+        return [c for c in cases if c.kind == "dataloader"
+                or any(m in c.name for m in self.input_bound_match)]  # fmt: skip
+
+    def _all_input_bound_cases(self, ratio: float) -> list[Case]:
         e = max(1, round(ratio))
         return [
             Case("dataloader"),

@@ -256,6 +256,9 @@ def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         metavar="SECTION",
         help=f"run only these sections: {' '.join(Settings.sections)}",
     )
+    p.add_argument("--match", nargs="+", metavar="TEXT",
+                   help='section 2: only loaders whose name contains one of these, e.g. "MONAI" '
+                        '"(batch)" (DataLoader always runs)')  # fmt: skip
     p.add_argument("--target-ratios", type=float, nargs="+", help="R values of section 6 (2 4 8)")
     p.add_argument("--target-rounds", type=int, help="rounds (seeds) of section 6 (2)")
     p.add_argument("--target-accuracy", type=float, help="test accuracy section 6 races to (0.8)")
@@ -266,6 +269,7 @@ def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     given = {"rounds": a.rounds, "duration": a.duration,
              "ratios": tuple(a.ratios) if a.ratios else None,
              "sections": tuple(a.only) if a.only else None, "target_rounds": a.target_rounds,
+             "input_bound_match": tuple(a.match) if a.match else None,
              "target_accuracy": a.target_accuracy,
              "target_ratios": tuple(a.target_ratios) if a.target_ratios else None}  # fmt: skip
     return replace(s, **{k: v for k, v in given.items() if v is not None}), a

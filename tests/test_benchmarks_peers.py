@@ -225,3 +225,11 @@ def test_verdict_reads_paired_rounds():
     assert peer_verdict.verdict([0.99, 0.96]) == "no"  # mean 0.975, every round slower
     assert peer_verdict.verdict([0.85, 1.05]) == "no (rounds disagree)"
     assert peer_verdict.verdict([]) == "-"
+
+
+def test_match_keeps_dataloader_and_the_named_loaders():
+    settings, _ = peers.parse(["--match", "MONAI", "(batch)"])
+    names = [c.name for c in settings.input_bound_cases(4)]
+    assert names == ["DataLoader (no echo)", "MONAI repeats=4", "dataecho e=4 (batch)",
+                     "dataecho e=auto (batch)"]  # fmt: skip
+    assert len(peers.parse([])[0].input_bound_cases(4)) > len(names)
