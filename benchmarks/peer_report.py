@@ -21,13 +21,20 @@ def fmt(value, spec: str = "{:.2f}") -> str:
     return spec.format(value)
 
 
-def _rate(w) -> float:
+def rate(w) -> float:
+    """Steps per second of a window (or a sum of rounds)."""
     return w.steps / w.wall if w.wall else math.nan
 
 
+def paired(ours, theirs) -> list[float]:
+    """Round r of ``ours`` over round r of ``theirs`` (steps/s): neighbours in time, so the
+    machine's drift mostly cancels within a pair."""
+    return [a / b for a, b in zip(ours.per_round, theirs.per_round, strict=True) if b > 0]
+
+
 def _spread(w) -> float:
-    rate = _rate(w)
-    return 100 * (max(w.per_round) - min(w.per_round)) / rate if rate else math.nan
+    steps_per_s = rate(w)
+    return 100 * (max(w.per_round) - min(w.per_round)) / steps_per_s if steps_per_s else math.nan
 
 
 def overhead_rows(result: dict) -> list[list[str]]:
@@ -35,15 +42,13 @@ def overhead_rows(result: dict) -> list[list[str]]:
     base = windows[Case("dataloader")]
     rows = []
     for case, w in windows.items():
-        ratio = _rate(w) / _rate(base)
-        # Round r of this case against round r of DataLoader: neighbours in time, so drift of
-        # the machine mostly cancels within a pair.
-        paired = [a / b for a, b in zip(w.per_round, base.per_round, strict=True)]
+        ratio = rate(w) / rate(base)
+        rounds = paired(w, base)  # round r of this case against round r of DataLoader
         target = "-"
         if case.kind == "dataecho":
             target = "ok" if ratio >= OVERHEAD_TARGET else f"MISS (< {OVERHEAD_TARGET})"
-        rows.append([case.name, fmt(_rate(w)), fmt(ratio, "{:.3f}"),
-                     f"{min(paired):.3f}-{max(paired):.3f}", fmt(100 * w.wait / w.wall, "{:.1f}"),
+        rows.append([case.name, fmt(rate(w)), fmt(ratio, "{:.3f}"),
+                     f"{min(rounds):.3f}-{max(rounds):.3f}", fmt(100 * w.wait / w.wall, "{:.1f}"),
                      fmt(1e3 * w.compute / w.steps, "{:.1f}"), fmt(_spread(w), "{:.1f}"), target])  # fmt: skip
     return rows
 
@@ -68,14 +73,14 @@ def input_figures(result: dict) -> list[dict]:
     s, t_down, windows = result["settings"], result["t_down"], result["input_bound"]
     out = []
     for (ratio, case), w in windows.items():
-        base = _rate(windows[(ratio, Case("dataloader"))])
+        base = rate(windows[(ratio, Case("dataloader"))])
         factor = s.max_echo_factor if case.echo == "auto" else float(case.echo)
         upstream = s.batch_size / (ratio * t_down)  # examples/s the throttle allows
         out.append({
-            "R": ratio, "case": case, "steps/s": _rate(w), "stall %": 100 * w.wait / w.wall,
+            "R": ratio, "case": case, "steps/s": rate(w), "stall %": 100 * w.wait / w.wall,
             "fresh ex/s": w.fresh / w.wall, "fresh / upstream": w.fresh / w.wall / upstream,
             "realized e": w.steps * s.batch_size / w.fresh if w.fresh else math.nan,
-            "efficiency": _rate(w) / (min(factor, ratio) * base),
+            "efficiency": rate(w) / (min(factor, ratio) * base),
             "step ms": 1e3 * w.compute / w.steps if w.steps else math.nan,
             "spread %": _spread(w),
         })  # fmt: skip

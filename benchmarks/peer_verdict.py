@@ -17,22 +17,14 @@ their range. Verdict: "yes" when the mean is at least :data:`TOLERANCE` (the ove
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from benchmarks.peer_loaders import Case
+from benchmarks.peer_report import paired, rate
 
 TOLERANCE = 0.98
 
 HEADERS = ["R", "comparison", "dataecho", "peer", "mean ratio", "per round", "not slower?"]
-
-
-def _paired(ours, theirs) -> list[float]:
-    return [a / b for a, b in zip(ours.per_round, theirs.per_round, strict=True) if b > 0]
-
-
-def _rate(w) -> float:
-    return w.steps / w.wall if w.wall else math.nan
 
 
 def verdict(ratios: list[float]) -> str:
@@ -59,12 +51,12 @@ def rows(result: dict) -> list[list[str]]:
             ("same work as adjacent", Case("dataecho", e, "before_augment"), Case("adjacent", e)),
         ]
         if peers and fixed:
-            pairs.append(("fastest vs fastest", max(fixed, key=lambda c: _rate(fixed[c])),
-                          max(peers, key=lambda c: _rate(peers[c]))))  # fmt: skip
+            pairs.append(("fastest vs fastest", max(fixed, key=lambda c: rate(fixed[c])),
+                          max(peers, key=lambda c: rate(peers[c]))))  # fmt: skip
         for what, ours, theirs in pairs:
             if ours not in here or theirs not in here:
                 continue
-            ratios = _paired(here[ours], here[theirs])
+            ratios = paired(here[ours], here[theirs])
             span = f"{min(ratios):.3f}-{max(ratios):.3f}" if ratios else "-"
             mean = f"{statistics.fmean(ratios):.3f}" if ratios else "-"
             out.append([f"{ratio:g}", what, ours.name, theirs.name, mean, span, verdict(ratios)])

@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks import common, peers
 from benchmarks.peer_loaders import Case
+from benchmarks.peer_report import paired
 from benchmarks.peer_settings import Settings
 from dataecho.sources.fashion_mnist import FashionMNIST
 from dataecho.sources.throttled import Throttled
@@ -78,13 +79,13 @@ def run(s: Settings, log=print) -> tuple[dict, float]:
 def rows(windows: dict) -> list[list[str]]:
     out = []
     for (up, ratio, case), w in windows.items():
-        paired = "-"
+        on_off = "-"
         if case.read_ahead is None:  # "on": pair it with the same case read in step
             off = windows[(up, ratio, replace(case, read_ahead=0))]
-            ratios = [a / b for a, b in zip(w.per_round, off.per_round, strict=True)]
-            paired = f"{statistics.fmean(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            ratios = paired(w, off)
+            on_off = f"{statistics.fmean(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
         out.append([up, f"{ratio:g}", case.name, f"{w.steps / w.wall:.2f}",
-                    f"{100 * w.wait / w.wall:.1f}", f"{w.fresh / w.wall:,.0f}", paired])  # fmt: skip
+                    f"{100 * w.wait / w.wall:.1f}", f"{w.fresh / w.wall:,.0f}", on_off])  # fmt: skip
     return out
 
 

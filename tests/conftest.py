@@ -203,6 +203,16 @@ class SlowIterable:
             yield i
 
 
+def wait_until(done: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether ``done()`` became true within ``timeout`` seconds (polled every 5 ms)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def wait_for_log(proc: subprocess.Popen, read_log: Callable[[], str], needle: str,
                  deadline: float) -> None:  # fmt: skip
     """Until ``needle`` shows in ``read_log()``; fails with the log if ``proc`` exits first or

@@ -17,7 +17,7 @@ import traceback
 import numpy as np
 import pytest
 import torch
-from conftest import SlowIterable, run_test_save_load_state, torch_roundtrip
+from conftest import SlowIterable, run_test_save_load_state, torch_roundtrip, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,13 +29,6 @@ pytestmark = pytest.mark.timeout(30)
 
 def producer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
-
-
-def wait_until(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 class Gate:
@@ -84,7 +77,7 @@ def test_fast_upstream_is_never_echoed(cleanup):
     node = adaptive_echo(list(range(200)), max_factor=8, queue_size=256)
     cleanup.append(node)
     node.reset()
-    wait_until(lambda: producer_threads() == [])  # everything and the end marker are queued
+    assert wait_until(lambda: producer_threads() == [])  # everything and the end marker are queued
     assert list(node) == list(range(200))
     s = node.stats
     assert (s.fresh_examples, s.examples_out, s.realized_factor) == (200, 200, 1.0)
@@ -110,10 +103,10 @@ def test_latest_policy_and_fresh_first(cleanup):
     cleanup += [gate, node]
     node.reset()
     gate.release(3)
-    wait_until(lambda: node.queued == 3)
+    assert wait_until(lambda: node.queued == 3)
     assert [next(node) for _ in range(5)] == [0, 1, 2, 2, 2]  # queued first, then reuse
     gate.release()
-    wait_until(lambda: node.queued == 1)
+    assert wait_until(lambda: node.queued == 1)
     assert next(node) == 3  # a fresh item beats a reusable one (2 is still allowed)
     # 3 three more times, then 2 once more; 1 fell out of the 2-item buffer.
     assert [next(node) for _ in range(4)] == [3, 3, 3, 2]
@@ -132,7 +125,7 @@ def _reuses(cleanup, policy: str, seed: int) -> list[int]:
     cleanup += [gate, node]
     node.reset()
     gate.release(4)
-    wait_until(lambda: node.queued == 4)
+    assert wait_until(lambda: node.queued == 4)
     assert [next(node) for _ in range(4)] == [0, 1, 2, 3]
     reuses = [next(node) for _ in range(12)]
     threading.Timer(0.2, gate.release).start()
@@ -204,7 +197,7 @@ def test_close_mid_stream_with_full_queue(cleanup):
     node = adaptive_echo(itertools.count(), max_factor=2, queue_size=4)
     cleanup.append(node)
     assert next(node) == 0
-    wait_until(lambda: node.queued == 4)  # the thread now waits on a full queue
+    assert wait_until(lambda: node.queued == 4)  # the thread now waits on a full queue
     start = time.monotonic()
     assert node.close()
     assert time.monotonic() - start < 2.0
@@ -245,7 +238,7 @@ def test_close_with_timeout_leaves_thread_to_finish(cleanup):
     start = time.monotonic()
     assert node.close(timeout=0.05) is False  # still inside the source's call
     assert time.monotonic() - start < 1.0
-    wait_until(lambda: producer_threads() == [])  # and it exits when the call returns
+    assert wait_until(lambda: producer_threads() == [])  # and it exits when the call returns
     assert reads == [0, 1]
 
 
@@ -257,7 +250,7 @@ def test_context_manager_and_garbage_collection(cleanup):
     next(node)
     del node
     gc.collect()
-    wait_until(lambda: producer_threads() == [])
+    assert wait_until(lambda: producer_threads() == [])
 
 
 def test_reset_starts_a_new_epoch_with_one_thread(cleanup):
@@ -338,7 +331,7 @@ def test_resume_keeps_read_ahead_items(cleanup):
     node = make()
     cleanup.append(node)
     node.reset()
-    wait_until(lambda: node.queued == 16)
+    assert wait_until(lambda: node.queued == 16)
     before = [next(node) for _ in range(5)]
     assert before == [0, 1, 2, 3, 4] and node.queued >= 10  # the thread is well ahead
     _resume_and_check(node, make, before, 60, 4)
@@ -363,7 +356,7 @@ def test_resume_restores_reuse_buffer_and_counts(cleanup):
     cleanup += [gate, node]
     node.reset()
     gate.release(3)
-    wait_until(lambda: node.queued == 3)
+    assert wait_until(lambda: node.queued == 3)
     assert [next(node) for _ in range(4)] == [0, 1, 2, 2]
     state = torch_roundtrip(node.state_dict())
     assert unpack(state["buffer"]) == [1, 2]  # the last 2 fresh items
@@ -389,7 +382,7 @@ def test_resume_is_exact_without_reuse():
     )
     assert recorded == [list(range(12))] * 2
     gc.collect()
-    wait_until(lambda: producer_threads() == [])
+    assert wait_until(lambda: producer_threads() == [])
 
 
 @settings(max_examples=25, deadline=None)

@@ -7,13 +7,13 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import assert_same_stream, run_test_save_load_state
+from conftest import assert_same_stream, run_test_save_load_state, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_loader import add_noise
 from torch.utils.data import Dataset
 from torchdata.nodes import IterableWrapper
 
@@ -83,21 +83,6 @@ class SlowNumbers(Dataset):
     def __getitem__(self, i: int):
         time.sleep(self.delay)
         return torch.full((3,), float(i)), i
-
-
-def add_noise(example):
-    """Augmentation drawing from torch's global RNG, as ``dataecho.workloads.Augment`` does."""
-    x, y = example
-    return x + torch.rand(x.shape), y
-
-
-def wait_until(done: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def threads_left(before: set[threading.Thread], timeout: float = 10.0) -> set[threading.Thread]:

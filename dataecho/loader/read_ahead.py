@@ -34,7 +34,7 @@ def read_ahead(source: BaseNode[Any], examples: int) -> BaseNode[Any]:
     chunk = min(CHUNK, examples)
     catch = _Catch(source)
     chunks = Prefetcher(Batcher(catch, chunk, drop_last=False), -(-examples // chunk))
-    return _Raise(Unbatcher(chunks), catch)
+    return _Raise(Unbatcher(chunks), catch, chunks)
 
 
 def stop_read_ahead(node: Any, timeout: float | None = 5.0) -> None:
@@ -86,15 +86,15 @@ class _Catch(BaseNode[Any]):
 class _Raise(BaseNode[Any]):
     """On the consumer's side: raise a carried failure; pass every other item through."""
 
-    def __init__(self, source: BaseNode[Any], catch: _Catch) -> None:
+    def __init__(self, source: BaseNode[Any], catch: _Catch, prefetcher: Prefetcher) -> None:
         super().__init__()
         self.source = source
-        self._catch = catch
+        self._catch, self._prefetcher = catch, prefetcher
 
     def stop(self, timeout: float | None) -> None:
         """Stop the reader after its read in flight; wait up to ``timeout`` s for that."""
         self._catch.stopping.set()
-        it = self.source.source._it
+        it = self._prefetcher._it
         if it is not None:
             it._shutdown()  # no public close in torchdata; its reset() calls this
             it._thread.join(timeout)
