@@ -18,7 +18,7 @@ Echoed optimizers (K steps per fresh batch; Agarwal et al. 2020): :class:`Echoed
 Training runs: :func:`train` with a :class:`TrainConfig` (single process or data parallel).
 """
 
-from dataecho import schedules
+from dataecho import schedules, transforms
 from dataecho.loader import EchoingDataLoader, LoaderOptions
 from dataecho.profiling import ProfileReport, format_report, profile, time_model
 from dataecho.progress import TrainingProgress
@@ -34,6 +34,7 @@ from dataecho.stages import (
     shuffle,
     stochastic_echo,
 )
+from dataecho.transforms import on_input
 
 __version__ = "0.1.0"
 
@@ -79,10 +80,12 @@ __all__ = [
     "copy_item",
     "echo",
     "format_report",
+    "on_input",
     "profile",
     "schedules",
     "shuffle",
     "stochastic_echo",
     "time_model",
     "train",
+    "transforms",
 ]

@@ -58,6 +58,7 @@ from dataecho.config import TrainConfig
 from dataecho.distributed.group import in_torchrun
 from dataecho.evaluation import BackgroundEvaluator
 from dataecho.loader import EchoingDataLoader
+from dataecho.loader.pipeline import is_map_style
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
 from dataecho.shutdown import ExitCheckpoint
@@ -172,7 +173,8 @@ def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
         batch_transform=data.batch_transform,
         num_workers=cfg.num_workers,
         seed=cfg.seed,
-        shuffle=True,
+        # An iterable upstream (shards) orders itself, as DataLoader requires.
+        shuffle=is_map_style(data.train),
         drop_last=True,
         # Without checkpoints the workers need not send their state (shuffle buffer
         # included) every few batches; with them, the loader's default keeps a resume's

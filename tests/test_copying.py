@@ -203,5 +203,7 @@ class RefilledBuffer:
 def test_state_does_not_alias_a_refilled_source_buffer() -> None:
     # Every emitted item of factor 3 is a copy, so the stream itself is correct; the harness
     # holds each state while the original node reads on (refilling the buffer) and resumes it.
-    rec = run_test_save_load_state(lambda: echo(RefilledBuffer(5), 3, seed=0))
+    rec = run_test_save_load_state(
+        lambda: echo(RefilledBuffer(5), 3, seed=0), end_may_start_next_epoch=True
+    )
     assert [x[0].item() for x in rec[0]] == [i for i in range(5) for _ in range(3)]

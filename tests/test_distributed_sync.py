@@ -23,7 +23,7 @@ from dataecho.distributed import CommStats, GradientSync, Guard, ModelAveraging,
 from dataecho.distributed.group import init_group, shutdown_group
 from dataecho.distributed.sync import CONTROL
 from dataecho.loader import EchoingDataLoader
-from dataecho.loader.reading import IndexedReader
+from dataecho.loader.reading import IndexedReader, data_parallel_rank, epoch_order, reader_share
 
 WORLD = 2
 BATCH = 8
@@ -250,9 +250,12 @@ def test_in_memory_reader_splits_over_ranks_times_workers(monkeypatch, workers):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", str(world))
         for w in range(workers):
-            reader = IndexedReader(list(range(n)), order_seed=5, worker=w, num_workers=workers)
+            r, size = data_parallel_rank()
+            order = epoch_order(n, order_seed=5)
+            share = reader_share(order, reader=r * workers + w, readers=size * workers, equal=True)
+            reader = IndexedReader(list(range(n)), share)
             reader.reset()
-            shares.append([next(reader) for _ in range(len(reader._indices))])
+            shares.append([next(reader) for _ in range(len(share))])
     flat = [i for s in shares for i in s]
     assert len(flat) == len(set(flat))  # disjoint
     assert {len(s) for s in shares} == {n // (world * workers)}  # equal
@@ -275,4 +278,4 @@ def test_a_rank_outside_the_world_is_refused(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="RANK=2 is outside 0..WORLD_SIZE-1"):
-        IndexedReader(list(range(4)), order_seed=None, worker=0, num_workers=1)
+        data_parallel_rank()

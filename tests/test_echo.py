@@ -8,13 +8,23 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import run_test_save_load_state
+from conftest import assert_same_stream, run_test_save_load_state, torch_roundtrip
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset
 from torchdata.nodes import IterableWrapper
 
 from dataecho import _validate
-from dataecho.stages import Echo, as_node, echo
+from dataecho.stages import (
+    AdaptiveEcho,
+    Echo,
+    Stage,
+    adaptive_echo,
+    as_node,
+    echo,
+    shuffle,
+    stochastic_echo,
+)
 
 
 def runs(stream: list) -> list[tuple[object, int]]:
@@ -113,12 +123,20 @@ def test_unseeded_stage_draws_a_seed_and_records_it() -> None:
 # --- resume ------------------------------------------------------------------------------------
 
 
+# Each epoch starts either by reset(None) or by the iter() of the next for loop.
+NEW_EPOCH = {"reset": lambda node: node.reset(None), "iter": lambda node: None}
+
+
 @pytest.mark.parametrize("factor", [1, 2, 2.5, 1.2])
 @pytest.mark.parametrize("copy", [True, False])
-def test_resume_at_every_position(factor: float, copy: bool) -> None:
+@pytest.mark.parametrize("new_epoch", sorted(NEW_EPOCH))
+def test_resume_at_every_position(factor: float, copy: bool, new_epoch: str) -> None:
+    # A state taken after the end resumes as ended: the next iter() starts the next epoch.
     rec = run_test_save_load_state(
         lambda: echo(list(range(15)), factor, seed=4, copy=copy),
         summary=lambda n: (n.stats.fresh_examples, n.stats.examples_out),
+        new_epoch=NEW_EPOCH[new_epoch],
+        end_may_start_next_epoch=True,
     )
     assert len(rec[0]) >= 15
     if factor != int(factor):
@@ -143,7 +161,9 @@ def test_resume_with_tensor_items_and_a_node_source() -> None:
         items = [{"x": torch.full((3,), float(i)), "y": i} for i in range(8)]
         return echo(IterableWrapper(items), 2.5, seed=9)
 
-    rec = run_test_save_load_state(factory)
+    rec = run_test_save_load_state(
+        factory, new_epoch=lambda node: None, end_may_start_next_epoch=True
+    )
     assert len(rec[0]) >= 16
 
 
@@ -192,6 +212,238 @@ def test_exhausted_stage_keeps_raising_stop_iteration() -> None:
     for _ in range(3):
         with pytest.raises(StopIteration):
             next(node)
+
+
+# --- epochs by plain for loops (Stage.__iter__) -----------------------------------------------
+
+
+class CountingDataset(Dataset):
+    """24 examples (x, y); counts the reads, so a test sees what a resume re-reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        self.reads += 1
+        return torch.full((3,), float(i)), i
+
+
+def make_source(kind: str) -> list[int] | DataLoader:
+    """6 items per epoch: a list, or 6 batches of 4 from a real DataLoader."""
+    return list(range(6)) if kind == "list" else DataLoader(CountingDataset(), batch_size=4)
+
+
+# Stage kind -> (factory over a source, items out per epoch of 6 fresh ones or None: random).
+STAGES = {
+    "echo": (lambda src: echo(src, 2, seed=0), 12),
+    "shuffle": (lambda src: shuffle(src, 4, seed=0), 6),
+    "adaptive": (lambda src: adaptive_echo(src, max_factor=1, seed=0), 6),
+    "stochastic": (lambda src: stochastic_echo(src, load_prob=0.5, buffer_size=2, seed=0), None),
+}
+
+
+@pytest.fixture
+def stages():
+    """Build stages through ``make(kind, source)``; afterwards stop any reader thread."""
+    built: list[Stage] = []
+
+    def make(kind: str, source: object) -> Stage:
+        built.append(STAGES[kind][0](source))
+        return built[-1]
+
+    yield make
+    for node in built:
+        if isinstance(node, AdaptiveEcho):
+            assert node.close(timeout=5.0)
+
+
+def reference_epochs(make, kind: str, source_kind: str, epochs: int) -> list[list]:
+    """``epochs`` epochs of an identical stage, each started by an explicit reset(None)."""
+    node = make(kind, make_source(source_kind))
+    out = []
+    for _ in range(epochs):
+        node.reset(None)
+        out.append(drain(node))
+    return out
+
+
+def drain(node: Stage) -> list:
+    """The rest of the epoch through next() alone (no iter(), so no new epoch)."""
+    out = []
+    while True:
+        try:
+            out.append(next(node))
+        except StopIteration:
+            return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source_kind", ["list", "dataloader"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_plain_for_loops_run_epoch_after_epoch(stages, kind: str, source_kind: str) -> None:
+    node = stages(kind, make_source(source_kind))
+    want = reference_epochs(stages, kind, source_kind, 3)
+    per_epoch = STAGES[kind][1]
+    for epoch in range(3):
+        fresh0, out0 = node.stats.fresh_examples, node.stats.examples_out
+        got = [item for item in node]
+        assert_same_stream(got, want[epoch], f"epoch {epoch}")  # as reset(None) starts it
+        assert node.stats.fresh_examples - fresh0 == 6  # the source was read anew, once
+        assert node.stats.examples_out - out0 == len(got)
+        if per_epoch is not None:
+            assert len(got) == per_epoch
+        assert node.state_dict()["epoch"] == epoch
+    if kind == "stochastic":
+        assert want[0] != want[1]  # each epoch draws anew from seed and epoch
+
+
+@pytest.mark.parametrize("source_kind", ["list", "dataloader"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_iter_mid_epoch_continues(stages, kind: str, source_kind: str) -> None:
+    node = stages(kind, make_source(source_kind))
+    want = reference_epochs(stages, kind, source_kind, 2)
+    head = []
+    for item in node:  # a loop left early: the next loop goes on in the same epoch
+        head.append(item)
+        if len(head) == 3:
+            break
+    rest = list(node)
+    assert_same_stream(head + rest, want[0], "epoch 0")
+    assert_same_stream(list(node), want[1], "epoch 1")
+
+
+@pytest.mark.parametrize("source_kind", ["list", "dataloader"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_just_reset_or_unstarted_stage_is_not_reset_again(stages, kind, source_kind) -> None:
+    node = stages(kind, make_source(source_kind))
+    want = reference_epochs(stages, kind, source_kind, 2)
+    assert iter(node) is node and iter(node) is node  # before the first item: still epoch 0
+    assert_same_stream(list(node), want[0], "epoch 0")
+    node.reset(None)  # the ended epoch is left by the explicit reset, not by iter() again
+    assert_same_stream(list(node), want[1], "epoch 1")
+    assert node.state_dict()["epoch"] == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source_kind", ["list", "dataloader"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_resume_mid_epoch_then_for_continues_exactly(stages, kind, source_kind) -> None:
+    want = reference_epochs(stages, kind, source_kind, 2)
+    node = stages(kind, make_source(source_kind))
+    it = iter(node)
+    head = [next(it) for _ in range(5)]
+    state = torch_roundtrip(node.state_dict())
+    resumed = stages(kind, make_source(source_kind))
+    resumed.reset(state)
+    rest = [item for item in resumed]
+    assert_same_stream(head + rest, want[0], "epoch 0")
+    assert resumed.stats.fresh_examples == 6
+    assert_same_stream([item for item in resumed], want[1], "epoch 1")
+    assert resumed.stats.fresh_examples == 12
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source_kind", ["list", "dataloader"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_resume_after_the_end_then_for_starts_the_next_epoch(stages, kind, source_kind) -> None:
+    want = reference_epochs(stages, kind, source_kind, 2)
+    node = stages(kind, make_source(source_kind))
+    assert len([item for item in node]) == len(want[0])
+    state = torch_roundtrip(node.state_dict())
+    assert state["ended"] is True
+    source = make_source(source_kind)
+    resumed = stages(kind, source)
+    resumed.reset(state)
+    assert resumed.state_dict()["source"] == state["source"]  # saved again unchanged
+    with pytest.raises(StopIteration):
+        next(resumed)  # the epoch it resumed in is over; only iter() starts the next
+    assert_same_stream([item for item in resumed], want[1], "epoch 1")
+    assert resumed.stats.fresh_examples == 12
+    assert resumed.state_dict()["epoch"] == 1
+    if source_kind == "dataloader":
+        # The finished epoch is not read again to fast-forward the loader: one epoch's reads.
+        assert source.dataset.reads == 24
+
+
+class Positioned:
+    """A stateful dataset: its state is a position; a loaded one is where the next pass starts,
+    and a pass without one starts at 0 (as ShardDataset does)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pos, self._resume = n, 0, 0
+
+    def __iter__(self):
+        self.pos, self._resume = self._resume, 0  # taken at iter(), as ShardDataset does
+        return self._pass()
+
+    def _pass(self):
+        while self.pos < self.n:
+            self.pos += 1
+            yield self.pos - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = self.pos = int(state["pos"])
+
+
+@pytest.mark.timeout(60)
+def test_resume_after_the_end_over_a_loader_continues_its_epochs_exactly() -> None:
+    from dataecho import EchoingDataLoader  # the loader, as one more re-iterable source
+
+    data = CountingDataset()
+
+    def make() -> Stage:
+        loader = EchoingDataLoader(data, batch_size=4, shuffle=True, seed=3)
+        return shuffle(echo(loader, 2, seed=0), 3, seed=1)
+
+    node = make()
+    want = [[item for item in node] for _ in range(3)]
+    saved = make()
+    for _ in range(2):
+        assert len([item for item in saved]) == 12
+    state = torch_roundtrip(saved.state_dict())
+    resumed = make()
+    resumed.reset(state)
+    data.reads = 0
+    # The loader's saved end already means its next epoch: it is started once, not twice.
+    assert_same_stream([item for item in resumed], want[2], "epoch 2")
+    assert data.reads == 24
+    assert resumed.source.source.iterable.epoch == 2
+    assert resumed.stats.fresh_examples == 36 and resumed.stats.unit == "batches"
+
+
+def test_resume_after_the_end_over_a_stateful_dataset_restores_it_first() -> None:
+    node = echo(Positioned(4), 2, seed=0)
+    assert [item for item in node] == [0, 0, 1, 1, 2, 2, 3, 3]
+    resumed = echo(Positioned(4), 2, seed=0)
+    resumed.reset(node.state_dict())
+    # Restored at its end, then reset: a full pass, as the uninterrupted stage reads next.
+    assert [item for item in resumed] == [item for item in node] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_state_without_an_end_flag_resumes_as_before() -> None:
+    # A checkpoint from before stages saved "ended": its end resumes as a mid-epoch position.
+    node = echo(list(range(4)), 2, seed=0)
+    list(node)
+    state = node.state_dict()
+    del state["ended"]
+    resumed = echo(list(range(4)), 2, seed=0)
+    resumed.reset(state)
+    assert list(resumed) == []  # the rest of the finished epoch
+    assert list(resumed) == [0, 0, 1, 1, 2, 2, 3, 3]  # then the next epoch
+    assert resumed.state_dict()["epoch"] == 1
+
+
+def test_composed_stages_each_start_their_next_epoch() -> None:
+    node = shuffle(echo(list(range(5)), 2, seed=0), 3, seed=1)
+    epochs = [sorted(node) for _ in range(3)]
+    assert epochs == [sorted(list(range(5)) * 2)] * 3
+    assert (node.stats.fresh_examples, node.source.stats.fresh_examples) == (30, 15)
 
 
 # --- argument validation ----------------------------------------------------------------------

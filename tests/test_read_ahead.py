@@ -8,6 +8,7 @@ import threading
 import time
 import traceback
 
+import numpy as np
 import pytest
 import torch
 from conftest import assert_same_stream, run_test_save_load_state, wait_until
@@ -68,7 +69,7 @@ class Records(Dataset):
 
 def reader(dataset: Dataset) -> IndexedReader:
     """The pipeline's own map-style reader (one worker, in order)."""
-    return IndexedReader(dataset, order_seed=None, worker=0, num_workers=1)
+    return IndexedReader(dataset, np.arange(len(dataset)))
 
 
 class SlowNumbers(Dataset):

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import SlowIterable, torch_roundtrip
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+from torchdata.nodes import IterableWrapper
 
-from dataecho.stages import EchoStats, echo, shuffle
+from dataecho import EchoingDataLoader
+from dataecho.stages import EchoStats, adaptive_echo, echo, shuffle, stochastic_echo
+from dataecho.stages.stats import item_unit
 
 
 def test_derived_figures() -> None:
@@ -17,6 +22,7 @@ def test_derived_figures() -> None:
     assert s.realized_factor == 2.5
     assert s.echoed_examples == 6
     assert s.as_dict() == {
+        "unit": "examples",
         "fresh_examples": 4,
         "examples_out": 10,
         "batches": 0,
@@ -80,3 +86,92 @@ def test_wait_seconds_is_part_of_the_state() -> None:
     resumed = echo(SlowIterable(3, 0.0), 2, seed=0)
     resumed.reset(node.state_dict())
     assert resumed.stats.wait_seconds == waited
+
+
+# --- the unit: examples or batches -------------------------------------------------------------
+
+
+def dataset(n: int = 24) -> TensorDataset:
+    return TensorDataset(torch.arange(n, dtype=torch.float32).reshape(n, 1), torch.arange(n))
+
+
+class Batches:
+    """A batching loader that is no DataLoader: a ``batch_size`` and ``__iter__``."""
+
+    batch_size = 4
+
+    def __iter__(self):
+        return iter([torch.zeros(4, 2) for _ in range(3)])
+
+
+def test_unit_is_batches_over_a_batching_loader() -> None:
+    sampler = BatchSampler(SequentialSampler(range(24)), batch_size=4, drop_last=False)
+    assert item_unit(DataLoader(dataset(), batch_size=4)) == "batches"
+    assert item_unit(DataLoader(dataset(), batch_sampler=sampler)) == "batches"
+    assert item_unit(Batches()) == "batches"
+    assert item_unit(EchoingDataLoader(dataset(), batch_size=4)) == "batches"
+    # Examples one by one: a DataLoader that does not batch, a dataset, a list.
+    assert item_unit(DataLoader(dataset(), batch_size=None)) == "examples"
+    assert item_unit(dataset()) == "examples"
+    assert item_unit([1, 2, 3]) == "examples"
+    # What a stage wraps: torchdata's IterableWrapper, another stage.
+    assert item_unit(IterableWrapper(Batches())) == "batches"
+    assert item_unit(echo(Batches(), 2, seed=0)) == "batches"
+    assert item_unit(echo([1, 2], 2, seed=0)) == "examples"
+
+
+# A stage over a source, and the items it reads per epoch of 24 examples in batches of 4.
+OVER = {
+    "echo": (lambda s: echo(s, 2, seed=0), 1),
+    "shuffle": (lambda s: shuffle(s, 3, seed=0), 1),
+    "stochastic": (lambda s: stochastic_echo(s, load_prob=1.0, buffer_size=2, seed=0), 1),
+    "adaptive": (lambda s: adaptive_echo(s, max_factor=1, seed=0), 1),
+    "shuffle over echo": (lambda s: shuffle(echo(s, 2, seed=0), 3, seed=1), 2),  # the copies
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OVER))
+def test_stages_over_a_dataloader_count_batches(kind: str) -> None:
+    make, copies = OVER[kind]
+    node = make(DataLoader(dataset(), batch_size=4))
+    out = list(node)
+    s = node.stats
+    assert s.unit == "batches"
+    assert s.fresh_examples == 6 * copies  # 24 examples in 6 batches: the counts are unchanged
+    assert s.examples_out == len(out)
+    assert s.as_dict()["unit"] == "batches"
+    assert repr(s).startswith(f"EchoStats(unit='batches', fresh_examples={6 * copies}, ")
+    over_examples = make(DataLoader(dataset(), batch_size=None))  # examples one by one
+    n = len(list(over_examples))
+    assert over_examples.stats.unit == "examples"
+    assert over_examples.stats.fresh_examples == 24 * copies
+    assert over_examples.stats.examples_out == n
+
+
+def test_unit_is_not_in_the_state_and_survives_a_resume() -> None:
+    node = echo(DataLoader(dataset(), batch_size=4), 2, seed=0)
+    [next(node) for _ in range(5)]
+    state = node.stats.state_dict()
+    assert "unit" not in state
+    assert all(isinstance(v, (int, float)) for v in state.values())  # numbers only
+    saved = torch_roundtrip(node.state_dict())
+    resumed = echo(DataLoader(dataset(), batch_size=4), 2, seed=0)
+    resumed.reset(saved)
+    assert resumed.stats == node.stats and resumed.stats.unit == "batches"
+    # A state from elsewhere never changes what this stage counts.
+    resumed.stats.load_state_dict({**state, "unit": "examples"})
+    assert resumed.stats.unit == "batches"
+
+
+def test_old_state_without_a_unit_loads() -> None:
+    old = {"fresh_examples": 3, "examples_out": 6, "batches": 0, "wait_seconds": 0.5,
+           "stall_seconds": 0.0}  # fmt: skip
+    t = EchoStats(unit="batches")
+    t.load_state_dict(old)
+    assert t == EchoStats(fresh_examples=3, examples_out=6, wait_seconds=0.5, unit="batches")
+    assert EchoStats(3, 6) == EchoStats(fresh_examples=3, examples_out=6)  # positional as before
+
+
+def test_bad_unit_names_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"unit must be one of 'examples', 'batches', got 'items'"):
+        EchoStats(unit="items")

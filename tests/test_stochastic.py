@@ -122,10 +122,13 @@ def test_first_step_loads_and_stream_stops_at_first_missing_fresh_item() -> None
     # With p this small the source is barely touched: item 7 is loaded then reused.
     assert out[0] == 7 and set(out) == {7} and len(out) == 50
     assert list(stochastic_echo([], load_prob=0.5, buffer_size=2, seed=0)) == []
-    # Once stopped, a node stays stopped until reset().
+    # Once stopped, next() stays stopped until the next epoch (reset(), or a new for loop).
     node = stochastic_echo(range(5), load_prob=0.5, buffer_size=2, seed=5)
     assert sorted(set(node)) == [0, 1, 2, 3, 4]
-    assert list(node) == [] and list(node) == []
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(node)
+    assert sorted(set(node)) == [0, 1, 2, 3, 4] and node.stats.fresh_examples == 10
 
 
 # --- schedules --------------------------------------------------------------------------------
@@ -279,6 +282,7 @@ def test_resumes_exactly_at_every_position(load_prob: object, buffer_size: int) 
             list(range(16)), load_prob=load_prob, buffer_size=buffer_size, seed=12
         ),
         summary=summary,
+        end_may_start_next_epoch=True,  # a state taken after the end resumes as ended
     )
     assert all(len(epoch) > 16 for epoch in recorded)
     assert recorded[0] != recorded[1]
@@ -290,7 +294,9 @@ def test_resumes_with_tensor_items() -> None:
         src = [torch.full((2,), float(i)) for i in range(12)]
         return stochastic_echo(src, load_prob=0.4, buffer_size=3, seed=13)
 
-    run_test_save_load_state(factory, summary=summary)
+    run_test_save_load_state(
+        factory, summary=summary, new_epoch=lambda node: None, end_may_start_next_epoch=True
+    )
 
 
 # --- properties -------------------------------------------------------------------------------
@@ -318,4 +324,5 @@ def test_counts_add_up_every_item_emitted_and_no_hang(
     assert all(back < buffer_size for _, back in reuses)
     assert node.stats.fresh_examples == n and node.stats.examples_out == len(out)
     assert len(out) == n + len(reuses)
-    assert list(node) == []  # and it stays ended
+    with pytest.raises(StopIteration):
+        next(node)  # and it stays ended

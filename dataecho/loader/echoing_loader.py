@@ -18,15 +18,18 @@ import collections
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import IterableDataset, Sampler, default_collate
 from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
+from dataecho.loader.length import MAIN_PROCESS, MAX_PREFETCH, epoch_batches
 from dataecho.loader.lifetime import DieWithParent
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.pipeline import (
@@ -35,15 +38,12 @@ from dataecho.loader.pipeline import (
     echo_stage,
     unwrap_identity,
 )
+from dataecho.loader.reading import data_parallel_rank
 from dataecho.loader.snapshots import snapshot_interval
 from dataecho.loader.transport import from_wire
 from dataecho.stages import EchoStats, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE, derive_seed, resolve_seed
 from dataecho.stages.stats import batch_length
-
-# Worker ids are 0..num_workers-1; the main process's batch stages use a key no worker has.
-_MAIN_PROCESS = 1 << 20
-_NOT_ALLOWED = ("sampler", "batch_sampler", "persistent_workers")
 
 
 class _WorkersNode(BaseNode[Any]):
@@ -64,6 +64,7 @@ class _WorkersNode(BaseNode[Any]):
         super().__init__()
         self._loader = loader
         self._pipeline = pipeline
+        self.batch_size = pipeline.options.batch_size  # its items are batches (stats.unit)
         self._stats = stats
         self.deferred = deferred
         self.pending: collections.deque[int] = collections.deque()
@@ -106,11 +107,33 @@ class _WorkersNode(BaseNode[Any]):
 
 
 class EchoingDataLoader:
-    """Batches of ``dataset`` with data echoing; see the module docstring for an example.
+    """``torch.utils.data.DataLoader`` with data echoing; see the module docstring.
 
-    Args:
-        dataset: map-style or iterable dataset of upstream examples (read and decoded).
-        batch_size: examples per batch.
+    The DataLoader arguments mean what they mean there; the echo arguments are keyword-only.
+    Where echoing forces a difference from DataLoader, it is listed here:
+
+    =====================  ==================================================================
+    DataLoader             EchoingDataLoader
+    =====================  ==================================================================
+    ``len(loader)``        batches an epoch yields, echoed ones included (exact at a fixed
+                           factor, whatever the workers; an upper bound for ``"auto"``)
+    ``batch_size=None``    refused: the echo stage forms the batches
+    ``batch_sampler``      refused: batches are formed after echoing; pass ``sampler`` and
+                           ``batch_size`` instead
+    ``persistent_workers`` refused: each epoch's workers carry that epoch's seeds
+    ``drop_last``          drops each worker's last short batch (as with an iterable dataset)
+    ``num_workers > 0``    a map-style dataset's epoch order is strided over the workers:
+                           each example is read once, by one worker, and echoed there
+    ``shuffle=True``       a new seeded order each epoch; ``seed`` (else ``generator``, else
+                           torch's global RNG, drawn once here) fixes it
+    ranks                  without a ``sampler``, each rank reads its own share (rank from an
+                           initialised process group, else ``RANK``/``WORLD_SIZE``); with one
+                           (``DistributedSampler``), the sampler's share, never split again
+    several iterators      a new ``iter()`` ends the previous one: its ``next()`` raises
+                           ``RuntimeError`` (the state belongs to one epoch at a time)
+    =====================  ==================================================================
+
+    Echo args:
         echo_factor: mean copies per fresh example (or batch, for ``where="batch"``); 1 = off;
             "auto" = reuse only while fresh data is late (see ``dataecho.adaptive_echo``).
         max_echo_factor: with "auto", the most times one item may be emitted.
@@ -124,24 +147,36 @@ class EchoingDataLoader:
         batch_transform: random augmentation of each collated batch, example by example (e.g.
             ``Augment``): after the example-level echo stage, seeded like ``transform``, far
             cheaper per example; not with ``where="after_augment"``.
-        num_workers: DataLoader worker processes; echoing runs where the example was read.
         seed: one pipeline seed; every stage, worker and epoch derives its own from it.
-        shuffle: read a map-style dataset in a new random order each epoch.
-        drop_last: drop each worker's last incomplete batch.
         copy: echoed copies never alias (costs one memcpy per copy, made only where a
             per-example transform or a custom collate could see them); False to share them.
         read_ahead: examples each worker reads ahead on a thread while the echo stage works
             (None: one batch when echoing examples at a fixed factor, else 0).
-        collate_fn: how examples become a batch (default: ``torch.utils.data.default_collate``).
-        **dataloader_kwargs: passed to the inner ``StatefulDataLoader`` (pin_memory, timeout,
-            prefetch_factor, multiprocessing_context, snapshot_every_n_steps, ...).
+        snapshot_every_n_steps: how often workers send their state (``StatefulDataLoader``);
+            None: about once per shuffle buffer's worth of batches (every batch for "auto",
+            whose replay would not repeat the same reuse decisions).
     """
 
     def __init__(
         self,
         dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], Any] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
         *,
-        batch_size: int,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
         echo_factor: float | str = 1.0,
         max_echo_factor: float = 4.0,
         reuse_buffer: int | None = None,
@@ -150,15 +185,14 @@ class EchoingDataLoader:
         shuffle_buffer: int = 0,
         transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
-        num_workers: int = 0,
         seed: int | None = None,
-        shuffle: bool = False,
-        drop_last: bool = False,
         copy: bool = True,
         read_ahead: int | None = None,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        **dataloader_kwargs: Any,
+        snapshot_every_n_steps: int | None = None,
     ) -> None:
+        _check_dataloader_arguments(
+            dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers
+        )
         self.options = LoaderOptions(
             batch_size=batch_size,
             echo_factor=echo_factor,
@@ -169,7 +203,7 @@ class EchoingDataLoader:
             shuffle_buffer=shuffle_buffer,
             transform=transform,
             batch_transform=batch_transform,
-            shuffle=shuffle,
+            shuffle=bool(shuffle),
             drop_last=drop_last,
             copy=copy,
             read_ahead=read_ahead,
@@ -177,40 +211,36 @@ class EchoingDataLoader:
         self.num_workers = _validate.non_negative_int(
             num_workers, name="num_workers", hint="use 0 to read in the main process"
         )
-        for key in _NOT_ALLOWED:
-            if dataloader_kwargs.get(key):
-                raise ValueError(
-                    f"{key}={dataloader_kwargs[key]!r} is not supported by EchoingDataLoader: "
-                    "the read order is derived from `seed` and `shuffle`, and each epoch's "
-                    f"workers carry that epoch's seeds; drop the {key} argument"
-                )
-            dataloader_kwargs.pop(key, None)
+        # DataLoader's attributes, as Lightning and other frameworks read them.
+        self.dataset = dataset
+        self.batch_size = self.options.batch_size
+        self.drop_last = self.options.drop_last
+        self.sampler = sampler
+        self.batch_sampler = None
+        self.collate_fn = collate_fn or default_collate
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.persistent_workers = False
+        self.in_order = in_order
+        # Without a seed, draw one as DataLoader draws its base seed: from ``generator``, else
+        # torch's global RNG, so torch.manual_seed(...) makes the run reproducible.
+        if seed is None:
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
         self.seed = resolve_seed(_validate.seed(seed))
         self.stats = EchoStats()
-        # The inner DataLoader draws its workers' base seed from this generator rather than
-        # from torch's global RNG, which belongs to the training loop.
-        dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(self.seed))
         opts = self.options
-        if self.num_workers and opts.where != "batch" and not opts.adaptive:
-            # The workers' queue holds *emitted* batches: with example echoing each fresh batch
-            # leaves as e of them, so e times the default depth keeps as much fresh data in
-            # flight as without echoing. Otherwise a pause of the training loop (an
-            # evaluation, a checkpoint) fills the queue with copies at once and the upstream
-            # stops reading, so the pause costs the echoed run upstream time that a run
-            # without echoing hides.
-            dataloader_kwargs.setdefault("prefetch_factor", 2 * math.ceil(opts.echo_factor))
-        # Workers send their pipeline's state with snapshots, shuffle buffer included: about one
-        # per buffer's worth of batches keeps that cost small (loader/snapshots.py); a resume
-        # between snapshots replays (re-reads) at most one interval of batches in the worker,
-        # then continues exactly where the checkpoint was.
-        dataloader_kwargs.setdefault(
-            "snapshot_every_n_steps",
-            snapshot_interval(opts, self.num_workers, dataloader_kwargs.get("prefetch_factor")),
-        )
-        dataloader_kwargs["worker_init_fn"] = DieWithParent(dataloader_kwargs.get("worker_init_fn"))
-        self._pipeline = PipelineDataset(dataset, self.options, collate_fn or default_collate)
+        if prefetch_factor is None and self.num_workers:
+            prefetch_factor = default_prefetch(opts)
+        self.prefetch_factor = prefetch_factor
+        if snapshot_every_n_steps is None:
+            snapshot_every_n_steps = snapshot_interval(opts, self.num_workers, prefetch_factor)
+        self._pipeline = PipelineDataset(dataset, opts, self.collate_fn)
         # Pinning happens before our main-process code sees a batch: keep tensors for it.
-        self._pipeline.pipe_small_batches = not dataloader_kwargs.get("pin_memory", False)
+        self._pipeline.pipe_small_batches = not pin_memory
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
             warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -219,28 +249,89 @@ class EchoingDataLoader:
                 batch_size=None,
                 num_workers=self.num_workers,
                 collate_fn=unwrap_identity,
-                **dataloader_kwargs,
+                pin_memory=pin_memory,
+                timeout=timeout,
+                worker_init_fn=DieWithParent(worker_init_fn),
+                multiprocessing_context=multiprocessing_context,
+                # The workers' base seed comes from the pipeline seed, not from torch's global
+                # RNG, which belongs to the training loop.
+                generator=torch.Generator().manual_seed(self.seed),
+                prefetch_factor=prefetch_factor,
+                pin_memory_device=pin_memory_device,
+                in_order=in_order,
+                snapshot_every_n_steps=snapshot_every_n_steps,
             )
         self._epoch = -1
-        self._iterator: _EpochIterator | None = None
+        # The epoch's iterator, held weakly: dropping it (or this loader) stops its workers.
+        self._current: weakref.ref[_EpochIterator] | None = None
+        self._dropped: dict[str, Any] | None = None  # the position of a dropped iterator
         self._resume: dict[str, Any] | None = None
+        self._dataset_state: Any = None  # a between-epochs state's dataset state, to restore
 
     @property
     def epoch(self) -> int:
         """The epoch being (or last) iterated; -1 before the first."""
         return self._epoch
 
+    def __len__(self) -> int:
+        """Batches one epoch yields: for a map-style dataset, exact at a fixed factor (the
+        fractional draws are replayed from the seed), at most this many for "auto"; for an
+        iterable dataset, from its ``len`` as DataLoader does (``TypeError`` without one)."""
+        return epoch_batches(self, self._upcoming_epoch())
+
+    @property
+    def _iterator(self) -> _EpochIterator | None:
+        return self._current() if self._current is not None else None
+
+    def _live_position(self) -> dict[str, Any] | None:
+        """The root state of the epoch in progress (live or dropped mid-epoch), else None."""
+        it = self._iterator
+        if it is not None:
+            return None if it.finished else it.root.state_dict()
+        return self._dropped
+
+    def _upcoming_epoch(self) -> int:
+        """The epoch being iterated (or resumed), else the one the next ``iter()`` starts."""
+        it = self._iterator
+        live = it is not None and not it.finished
+        return self._epoch if live or self._resume is not None else self._epoch + 1
+
+    def _keep_dropped(self, root_state: dict[str, Any]) -> None:
+        self._dropped = root_state
+
     def __iter__(self) -> Iterator[Any]:
-        self.close()
+        if self._iterator is not None:
+            self._iterator.supersede()
+        self._current, self._dropped = None, None
         resume, self._resume = self._resume, None
         if resume is None:
             self._epoch += 1
-        self._pipeline.epoch = self._epoch
-        self._pipeline.seed = self.seed
+        if self._dataset_state is not None:
+            self.dataset.load_state_dict(self._dataset_state)
+            self._dataset_state = None
+        self._prepare_epoch(resume)
         root, workers, reader = self._build_root()
-        root.reset(resume)
-        self._iterator = _EpochIterator(self, root, workers, reader)
-        return self._iterator
+        root.reset(resume["root"] if resume else None)
+        it = _EpochIterator(
+            self.stats, root, workers, reader, on_drop=_WeakCall(self, "_keep_dropped")
+        )
+        self._current = weakref.ref(it)
+        return it
+
+    def _prepare_epoch(self, resume: dict[str, Any] | None) -> None:
+        """Hand the pipeline this epoch's seed, rank and (with a sampler) read order."""
+        pipeline = self._pipeline
+        pipeline.epoch, pipeline.seed = self._epoch, self.seed
+        rank, world = data_parallel_rank()
+        # A sampler already chose this rank's share: the ranks keep their own seeds, but the
+        # loader does not split the data a second time.
+        pipeline.rank, pipeline.world = (rank, 1) if self.sampler is not None else (rank, world)
+        if self.sampler is None:
+            pipeline.indices = None
+        elif resume is not None and resume.get("indices") is not None:
+            pipeline.indices = resume["indices"].numpy()  # the order the checkpoint was read in
+        else:
+            pipeline.indices = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
 
     def _build_root(self) -> tuple[BaseNode[Any], _WorkersNode, Any]:
         """The main-process chain, its workers node, and the adaptive stage reading ahead."""
@@ -250,7 +341,7 @@ class EchoingDataLoader:
         if opts.where != "batch":
             return workers, workers, None
         node: BaseNode[Any] = workers
-        key = (self._epoch, _MAIN_PROCESS)
+        key = (self._epoch, MAIN_PROCESS)
         if opts.echoes:
             node = echo_stage(node, opts, derive_seed(self.seed, *key, STAGE_ECHO))
         reader = node if batch_auto else None
@@ -261,18 +352,24 @@ class EchoingDataLoader:
         return node, workers, reader
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly here: epoch, pipeline positions, RNGs, counts."""
-        it = self._iterator
+        """Everything needed to continue exactly here: epoch, pipeline positions, RNGs, counts.
+
+        Between epochs it holds the dataset's own state, if it keeps one."""
         if self._resume is not None:  # loaded but not yet iterated: hand the same state on
-            root = self._resume
-        else:
-            root = it.root.state_dict() if it is not None and not it.finished else None
-        return {
+            return {**self._resume, "stats": self.stats.state_dict()}
+        root = self._live_position()
+        live = root is not None
+        state: dict[str, Any] = {
             "epoch": self._epoch,
             "seed": self.seed,
             "root": root,
             "stats": self.stats.state_dict(),
         }
+        if live and self._pipeline.indices is not None:
+            state["indices"] = torch.from_numpy(self._pipeline.indices.copy())
+        if not live and _stateful(self.dataset):
+            state["dataset"] = self.dataset.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next ``iter()`` continues where it stopped."""
@@ -280,13 +377,14 @@ class EchoingDataLoader:
         self.seed = int(state["seed"])
         self.stats.load_state_dict(state["stats"])
         self._epoch = int(state["epoch"])
-        self._resume = state["root"]
+        self._resume = state if state["root"] is not None else None
+        self._dataset_state = state.get("dataset")
 
     def close(self) -> None:
         """Stop the current epoch's workers now (also done at the end of each epoch)."""
-        if self._iterator is not None:
-            self._iterator.close()
-            self._iterator = None
+        it = self._iterator
+        if it is not None:
+            it.close()
 
     def __enter__(self) -> EchoingDataLoader:
         return self
@@ -294,37 +392,123 @@ class EchoingDataLoader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: nothing left to clean
-            pass
+
+def default_prefetch(opts: LoaderOptions) -> int:
+    """Batches each worker keeps in flight by default (DataLoader's is 2).
+
+    The queue holds *emitted* batches: with example echoing each fresh batch leaves as e of
+    them, so e times the default depth keeps as much fresh data in flight as without echoing.
+    Otherwise a pause of the training loop (an evaluation, a checkpoint) fills the queue with
+    copies at once and the upstream stops reading, so the pause costs the echoed run upstream
+    time that a run without echoing hides. Capped, since a huge factor would hold that many
+    batches in memory.
+    """
+    if opts.where == "batch" or opts.adaptive:
+        return 2
+    return min(2 * math.ceil(opts.echo_factor), MAX_PREFETCH)
+
+
+class _WeakCall:
+    """``obj.method(*args)`` while ``obj`` lives; nothing after (no reference cycle)."""
+
+    def __init__(self, obj: Any, method: str) -> None:
+        self._ref, self._method = weakref.ref(obj), method
+
+    def __call__(self, *args: Any) -> None:
+        obj = self._ref()
+        if obj is not None:
+            getattr(obj, self._method)(*args)
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _check_dataloader_arguments(
+    dataset: Any,
+    batch_size: Any,
+    shuffle: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    persistent_workers: Any,
+) -> None:
+    """DataLoader's own argument rules, and the ones echoing adds (see the class docstring)."""
+    if batch_size is None:
+        raise ValueError(
+            "batch_size=None (no automatic batching) is not supported by EchoingDataLoader: "
+            "the echo stage forms the batches; pass the number of examples per batch, e.g. 128"
+        )
+    if batch_sampler is not None:
+        raise ValueError(
+            "batch_sampler is not supported by EchoingDataLoader: batches are formed after the "
+            "echo stage, so a sampler's batches would not survive it; pass sampler= (the order "
+            "of examples) and batch_size= instead"
+        )
+    if persistent_workers:
+        raise ValueError(
+            "persistent_workers=True is not supported by EchoingDataLoader: each epoch's "
+            "workers carry that epoch's order and seeds; drop the persistent_workers argument"
+        )
+    iterable = isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
+    if iterable and shuffle:
+        raise ValueError(
+            f"shuffle={shuffle!r} with an iterable dataset ({type(dataset).__name__}): an "
+            "iterable dataset decides its own order (as with DataLoader); shuffle it in the "
+            "dataset, or use shuffle_buffer= to shuffle after the echo stage"
+        )
+    if iterable and sampler is not None:
+        raise ValueError(
+            f"sampler= with an iterable dataset ({type(dataset).__name__}): a sampler picks "
+            "indices of a map-style dataset (as with DataLoader); drop the sampler"
+        )
+    if sampler is not None and shuffle:
+        raise ValueError(
+            f"sampler= and shuffle={shuffle!r} are mutually exclusive (as with DataLoader): "
+            "the sampler decides the order; drop shuffle, or the sampler"
+        )
 
 
 class _EpochIterator:
-    """One epoch's iterator: times the consumer's waits and counts what it hands out."""
+    """One epoch's iterator: times the consumer's waits and counts what it hands out.
+
+    It holds no reference to its loader, so dropping the loader (or this iterator, once the
+    loader is gone) stops the workers at once. ``on_drop`` receives the position of an
+    iterator dropped mid-epoch, so the loader's ``state_dict()`` still holds it.
+    """
 
     def __init__(
         self,
-        loader: EchoingDataLoader,
+        stats: EchoStats,
         root: BaseNode[Any],
         workers: _WorkersNode,
         reader: Any,
+        on_drop: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        self.loader = loader
+        self.stats = stats
         self.root = root
         self.finished = False
+        self.superseded = False
         self._workers = workers
         self._reader = reader  # the adaptive stage whose fresh emissions settle the counts
         self._settled = reader.stats.fresh_examples if reader is not None else 0
+        self._on_drop = on_drop
+        self._closed = False
 
     def __iter__(self) -> _EpochIterator:
         return self
 
     def __next__(self) -> Any:
+        if self.superseded:
+            raise RuntimeError(
+                "this EchoingDataLoader iterator was ended by a newer iter(loader): a loader "
+                "runs one epoch at a time (its state and workers belong to it); iterate the "
+                "newest iterator, or use a second loader for a second stream"
+            )
         if self.finished:
             raise StopIteration
-        stats = self.loader.stats
+        stats = self.stats
         start = time.perf_counter()
         try:
             batch = next(self.root)
@@ -347,5 +531,23 @@ class _EpochIterator:
         stats.examples_out += batch_length(batch)
         return batch
 
+    def supersede(self) -> None:
+        """A newer iterator took over: this one ends (see :meth:`__next__`)."""
+        self.superseded = True
+        self._on_drop = None
+        self.close()
+
     def close(self) -> None:
-        close_chain(self.root)
+        # Once only: the pipeline object is shared by the loader's epochs, and a late second
+        # close (from garbage collection) must not reach a newer epoch's pipeline.
+        if not self._closed:
+            self._closed = True
+            close_chain(self.root)
+
+    def __del__(self) -> None:
+        try:
+            if self._on_drop is not None and not self.finished:
+                self._on_drop(self.root.state_dict())
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to clean
+            pass

@@ -12,12 +12,20 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
-from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Mapper
+from torchdata.nodes import BaseNode, Batcher, Mapper
 
+from dataecho.loader.delivery import Delivery
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.read_ahead import read_ahead, stop_read_ahead
-from dataecho.loader.reading import Counted, IndexedReader, data_parallel_rank
+from dataecho.loader.reading import (
+    IndexedReader,
+    IterableReader,
+    Tagged,
+    epoch_order,
+    reader_share,
+)
 from dataecho.loader.rng_scope import RngScope
 from dataecho.loader.snapshots import send_once
 from dataecho.loader.transport import to_wire
@@ -30,10 +38,15 @@ from dataecho.stages.seeds import (
     STAGE_TRANSFORM,
     derive_seed,
 )
+from dataecho.transforms import guard_transform
 
 
 class PipelineDataset(IterableDataset):
-    """What the inner ``StatefulDataLoader`` iterates: one pipeline per worker and epoch."""
+    """What the inner ``StatefulDataLoader`` iterates: one pipeline per worker and epoch.
+
+    The training process sets the epoch's fields before each ``iter()``; worker processes get
+    them with the pickled dataset.
+    """
 
     def __init__(
         self, dataset: Any, options: LoaderOptions, collate_fn: Callable[[list[Any]], Any]
@@ -43,6 +56,8 @@ class PipelineDataset(IterableDataset):
         self.collate_fn = collate_fn
         self.epoch = 0
         self.seed = 0
+        self.rank, self.world = 0, 1
+        self.indices: np.ndarray | None = None  # the sampler's order for this epoch, if any
         self.pipe_small_batches = True  # see dataecho.loader.transport; off for pin_memory
         self._live: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
@@ -64,6 +79,41 @@ class PipelineDataset(IterableDataset):
         self.__dict__.update(state, _live=weakref.WeakSet())
 
 
+def is_map_style(dataset: Any) -> bool:
+    """Indexed by ``dataset[i]`` with a length, as DataLoader's map-style datasets are."""
+    return (
+        hasattr(dataset, "__getitem__")
+        and hasattr(dataset, "__len__")
+        and not isinstance(dataset, IterableDataset)
+    )
+
+
+def read_indices(
+    owner: PipelineDataset, *, worker: int, num_workers: int, epoch: int | None = None
+) -> np.ndarray:
+    """The indices worker ``worker`` reads in ``epoch`` (default: the owner's) of a map-style
+    dataset (see :mod:`dataecho.loader.reading`)."""
+    epoch = owner.epoch if epoch is None else epoch
+    if owner.indices is not None:  # the sampler decided, this rank's share included
+        return reader_share(owner.indices, reader=worker, readers=num_workers, equal=False)
+    shuffle = owner.options.shuffle
+    order_seed = derive_seed(owner.seed, epoch, STAGE_ORDER) if shuffle else None
+    order = epoch_order(len(owner.dataset), order_seed)
+    readers = owner.world * num_workers
+    reader = owner.rank * num_workers + worker
+    return reader_share(order, reader=reader, readers=readers, equal=owner.world > 1)
+
+
+class OnItem:
+    """``(read_number, item) -> (read_number, fn(item))``: the user's function sees the item."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, tagged: tuple[int, Any]) -> tuple[int, Any]:
+        return tagged[0], self.fn(tagged[1])
+
+
 class PipelineIterator:
     """A stateful iterator over ``(batch, fresh_count)``; ``StatefulDataLoader`` checkpoints it."""
 
@@ -71,34 +121,29 @@ class PipelineIterator:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
         opts = owner.options
-        rank, _ = data_parallel_rank()
         # Each reader of a data-parallel run (rank x worker) draws its own echo, shuffle and
         # augmentation randomness; a single process keeps the plain worker id.
-        reader = rank * num_workers + worker
+        reader = owner.rank * num_workers + worker
         seed = lambda stage: derive_seed(owner.seed, owner.epoch, reader, stage)  # noqa: E731
 
-        if (
-            hasattr(owner.dataset, "__getitem__")
-            and hasattr(owner.dataset, "__len__")
-            and not (isinstance(owner.dataset, IterableDataset))
-        ):
-            # One order per epoch, shared by all workers, so their strided shares are disjoint.
-            order_seed = derive_seed(owner.seed, owner.epoch, STAGE_ORDER) if opts.shuffle else None
-            source: BaseNode[Any] = IndexedReader(
-                owner.dataset, order_seed=order_seed, worker=worker, num_workers=num_workers
-            )
+        if is_map_style(owner.dataset):
+            indices = read_indices(owner, worker=worker, num_workers=num_workers)
+            source: BaseNode[Any] = IndexedReader(owner.dataset, indices)
         else:
-            source = IterableWrapper(owner.dataset)
-        node: BaseNode[Any] = Counted(read_ahead(source, opts.read_ahead))
-        self._fresh = node  # whatever counts fresh examples; the echo stage once there is one
+            source = IterableReader(owner.dataset)
+        node: BaseNode[Any] = Tagged(read_ahead(source, opts.read_ahead))
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
-            return Mapper(n, opts.transform) if opts.transform is not None else n
+
+            if opts.transform is None:
+                return n
+            # A failure on an (input, target) sample names the fix: transforms.on_input.
+            return Mapper(n, OnItem(guard_transform(opts.transform)))
 
         def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
             if opts.echoes:
                 copy = copies_can_alias(opts, owner.collate_fn)
-                n = self._fresh = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy)
+                n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy)
             if opts.shuffle_buffer > 1:
                 n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
             return n
@@ -109,15 +154,17 @@ class PipelineIterator:
             node = echo_and_shuffle(transform(node))
         else:  # "batch": whole batches are echoed in the main process
             node = transform(node)
-        self.root: BaseNode[Any] = Mapper(
-            Batcher(node, opts.batch_size, drop_last=opts.drop_last), owner.collate_fn
+        self._delivery = Delivery(
+            Batcher(node, opts.batch_size, drop_last=False),
+            opts.batch_size,
+            drop_last=opts.drop_last,
         )
+        self.root: BaseNode[Any] = Mapper(self._delivery, owner.collate_fn)
         if opts.batch_transform is not None:
             self.root = Mapper(self.root, opts.batch_transform)
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
         self._pipe = info is not None and owner.pipe_small_batches
         self._in_worker = info is not None
-        self._reported = 0  # fresh examples already attributed to a yielded batch
 
     def __iter__(self) -> PipelineIterator:
         return self
@@ -125,27 +172,16 @@ class PipelineIterator:
     def __next__(self) -> tuple[Any, int]:
         with self._rng:
             batch = next(self.root)
-        count = self._fresh_count()
-        fresh, self._reported = count - self._reported, count
-        return (to_wire(batch) if self._pipe else batch), fresh
-
-    def _fresh_count(self) -> int:
-        node = self._fresh
-        return node.count if isinstance(node, Counted) else node.stats.fresh_examples
+        return (to_wire(batch) if self._pipe else batch), self._delivery.fresh
 
     def state_dict(self) -> dict[str, Any]:
-        state = {
-            "root": self.root.state_dict(),
-            "rng": self._rng.state_dict(),
-            "reported": self._reported,
-        }
+        state = {"root": self.root.state_dict(), "rng": self._rng.state_dict()}
         # A worker's state goes to the training process; its packed buffer need not stay here.
         return send_once(state) if self._in_worker else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.root.reset(state["root"])
         self._rng.load_state_dict(state["rng"])
-        self._reported = int(state["reported"])
 
 
 def copies_can_alias(opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any]) -> bool:

@@ -1,15 +1,22 @@
-"""The loader's upstream end: read examples once each, and count them.
+"""The loader's upstream end: read each example once, tag it, and count it.
 
-A map-style dataset is read in a seeded per-epoch order (when ``shuffle=True``), split between
-DataLoader workers by striding, so each example is read by exactly one worker per epoch. An
-iterable dataset is read as it is; as with ``torch.utils.data.DataLoader``, an iterable dataset
-used with workers must split itself between them (``torch.utils.data.get_worker_info``).
+A map-style dataset is read in one order per epoch: the ``sampler``'s when one is given (a
+``DistributedSampler`` already holds this rank's share), else a seeded permutation
+(``shuffle=True``) or ``range(len(dataset))``. The order is split between the DataLoader
+workers by striding, so each example is read by exactly one worker per epoch. Without a
+sampler, a data-parallel run strides over ranks x workers instead, so no example is read by two
+ranks, and each epoch's order is cut to a multiple of that count: every reader gets the same
+number of examples, so the ranks take the same number of steps (at most ranks x workers - 1
+examples, a different random few each epoch, are skipped).
 
-Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set, as ``webdataset.split_by_node`` reads them)
-the stride runs over ranks x workers, so no example is read by two ranks, and each epoch's order
-is cut to a multiple of that count: every reader gets the same number of examples, so the ranks
-of a data-parallel run take the same number of steps (at most ranks x workers - 1 examples, a
-different random few each epoch, are skipped).
+An iterable dataset is read as it is; as with ``torch.utils.data.DataLoader``, one used with
+workers or ranks must split itself (``torch.utils.data.get_worker_info``). Its own state, if it
+has one (``state_dict``/``load_state_dict``), is restored in ``StatefulDataLoader``'s order: the
+dataset's state, then ``iter()``, then the iterator's state; without either it fast-forwards.
+
+The rank comes from an initialised ``torch.distributed`` process group (what Lightning and
+accelerate set up, without always setting ``RANK``), else from torchrun's ``RANK`` and
+``WORLD_SIZE``. It is read once in the training process at ``iter()`` and handed to the workers.
 """
 
 from __future__ import annotations
@@ -18,49 +25,15 @@ import os
 from typing import Any
 
 import numpy as np
+import torch.distributed as dist
 from torchdata.nodes import BaseNode
 
 
-class IndexedReader(BaseNode[Any]):
-    """Reads ``dataset[i]`` for this worker's share of one epoch's order. State: the position."""
-
-    def __init__(
-        self, dataset: Any, *, order_seed: int | None, worker: int, num_workers: int
-    ) -> None:
-        super().__init__()
-        self.dataset = dataset
-        n = len(dataset)
-        order = (
-            np.random.default_rng(order_seed).permutation(n)
-            if order_seed is not None
-            else np.arange(n)
-        )
-        rank, world = data_parallel_rank()
-        readers, reader = world * num_workers, rank * num_workers + worker
-        if world > 1:  # equal shares: see the module docstring
-            order = order[: n - n % readers]
-        self._indices = order[reader::readers]
-        self._pos = 0
-
-    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        super().reset(initial_state)
-        self._pos = int(initial_state["pos"]) if initial_state else 0
-
-    def next(self) -> Any:
-        if self._pos >= len(self._indices):
-            raise StopIteration
-        index = int(self._indices[self._pos])
-        item = self.dataset[index]
-        self._pos += 1
-        return item
-
-    def get_state(self) -> dict[str, Any]:
-        return {"pos": self._pos}
-
-
 def data_parallel_rank() -> tuple[int, int]:
-    """``(rank, world_size)`` from torchrun's environment; ``(0, 1)`` outside one. Read from the
-    environment, which DataLoader worker processes inherit, rather than torch.distributed."""
+    """``(rank, world_size)``: the initialised process group's, else torchrun's environment,
+    else ``(0, 1)``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if not 0 <= rank < world:
@@ -71,8 +44,101 @@ def data_parallel_rank() -> tuple[int, int]:
     return rank, world
 
 
-class Counted(BaseNode[Any]):
-    """Pass-through that counts the items read from upstream: the fresh examples."""
+def reader_share(order: np.ndarray, *, reader: int, readers: int, equal: bool) -> np.ndarray:
+    """The indices of ``order`` that reader ``reader`` of ``readers`` reads (a stride);
+    ``equal`` cuts the order to a multiple of ``readers`` first (equal shares for ranks)."""
+    if equal and readers > 1:
+        order = order[: len(order) - len(order) % readers]
+    return order[reader::readers]
+
+
+def epoch_order(n: int, order_seed: int | None) -> np.ndarray:
+    """One epoch's read order of ``n`` examples: a seeded permutation, or ``arange``."""
+    if order_seed is None:
+        return np.arange(n)
+    return np.random.default_rng(order_seed).permutation(n)
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+class IndexedReader(BaseNode[Any]):
+    """Reads ``dataset[i]`` for each ``i`` of ``indices``. State: the position (and the
+    dataset's own state when it keeps one)."""
+
+    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self._indices = indices
+        self._pos = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._pos = int(initial_state["pos"]) if initial_state else 0
+        if initial_state and initial_state.get("dataset") is not None:
+            self.dataset.load_state_dict(initial_state["dataset"])
+
+    def next(self) -> Any:
+        if self._pos >= len(self._indices):
+            raise StopIteration
+        item = self.dataset[int(self._indices[self._pos])]
+        self._pos += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        dataset = self.dataset.state_dict() if _stateful(self.dataset) else None
+        return {"pos": self._pos, "dataset": dataset}
+
+
+class IterableReader(BaseNode[Any]):
+    """Iterates an iterable dataset; resumes it through its own state, else by fast-forward."""
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self._it: Any = None
+        self._yielded = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        state = initial_state or {}
+        if state.get("dataset") is not None:
+            self.dataset.load_state_dict(state["dataset"])
+        self._it = iter(self.dataset)
+        self._yielded = int(state.get("yielded", 0))
+        if state.get("iterator") is not None:
+            self._it.load_state_dict(state["iterator"])
+        elif state.get("dataset") is None:
+            for _ in range(self._yielded):  # nothing to restore from: replay the items
+                next(self._it)
+
+    def next(self) -> Any:
+        item = next(self._it)
+        self._yielded += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        own_iterator = self._it is self.dataset
+        return {
+            "yielded": self._yielded,
+            # A dataset that is its own iterator builds its position in __iter__: its state is
+            # the iterator's, restored after iter() (as StatefulDataLoader does).
+            "dataset": self.dataset.state_dict()
+            if _stateful(self.dataset) and not own_iterator
+            else None,
+            "iterator": self._it.state_dict() if _stateful(self._it) else None,
+        }
+
+
+class Tagged(BaseNode[Any]):
+    """Pass-through that numbers the items read from upstream: ``(read_number, item)``.
+
+    The number travels with every echoed copy, so the delivery end counts each fresh example
+    once, when its first copy reaches a batch (:mod:`dataecho.loader.delivery`).
+    """
 
     def __init__(self, source: BaseNode[Any]) -> None:
         super().__init__()
@@ -86,8 +152,9 @@ class Counted(BaseNode[Any]):
 
     def next(self) -> Any:
         item = next(self.source)
+        tagged = (self.count, item)
         self.count += 1
-        return item
+        return tagged
 
     def get_state(self) -> dict[str, Any]:
         return {"source": self.source.state_dict(), "count": self.count}

@@ -14,6 +14,8 @@ re-reads the items that were queued but not emitted, once: no fresh item is lost
 
 ``close()`` (also ``with``, ``reset()`` and garbage collection) stops the thread: at once if it
 waits on the queue, else when the source call in progress returns (Python cannot interrupt it).
+Once the stream ended, the next ``iter()`` (a new ``for`` loop) starts the next epoch, with a
+new thread, like ``reset()``.
 
 Example:
     >>> import time
@@ -137,8 +139,8 @@ class AdaptiveEcho(Stage[T]):
         self.close()  # the source must be idle before it is reset
         super().reset(initial_state)
         self._closed = False
-        self._source_state = self.source.state_dict()
-        if not self._done:
+        self._source_state = self._source_state_now()
+        if not self._done and not self._ended:  # a resumed end reads on only in the next epoch
             self._producer = _Producer(self.source, self.queue_size)
 
     def _start_epoch(self) -> None:
@@ -203,6 +205,7 @@ class AdaptiveEcho(Stage[T]):
             "source": copy_item(self._source_state),
             "rng": self._rng.getstate(),
             "stats": self.stats.state_dict(),
+            "ended": self._ended,
             "buffer": pack([item for item, _ in self._buffer]),
             "counts": [count for _, count in self._buffer],
             "done": self._done,

@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from torchdata.nodes import BaseNode, IterableWrapper
+from torch.utils.data import DataLoader
+from torchdata.nodes import BaseNode, IterableWrapper, Loader
+from torchdata.nodes.types import Stateful
 
 from dataecho.stages.seeds import derive_seed, resolve_seed
-from dataecho.stages.stats import EchoStats
+from dataecho.stages.stats import EchoStats, item_unit
 
 T = TypeVar("T")
 
@@ -36,8 +38,14 @@ class Stage(BaseNode[T], Generic[T]):
     """A stage over one source, with a seed, an epoch counter and :class:`EchoStats`.
 
     ``reset(None)`` starts the next epoch (its random stream derived from seed and epoch);
-    ``reset(state)`` resumes exactly. Subclasses add their own fields to the state through
+    ``reset(state)`` resumes exactly. ``iter()`` after the epoch's end (its ``StopIteration``)
+    starts the next epoch too, so plain ``for`` loops over a re-iterable source (a list, a
+    ``DataLoader``) run epoch after epoch; mid-epoch, just reset or just resumed, ``iter()``
+    continues where the stage is. Subclasses add their own fields to the state through
     ``_get_stage_state`` / ``_load_stage_state`` and implement ``next``.
+
+    ``stats.unit`` is "batches" when the source is a batching loader (see
+    :func:`~dataecho.stages.stats.item_unit`), else "examples".
     """
 
     STAGE_ID = 0
@@ -45,35 +53,80 @@ class Stage(BaseNode[T], Generic[T]):
     def __init__(self, source: Iterable[Any], *, seed: int | None = None) -> None:
         super().__init__()
         self.source = as_node(source)
+        self.stats = EchoStats(unit=item_unit(source))
         self.seed = resolve_seed(seed)
-        self.stats = EchoStats()
         self._epoch = -1
         self._rng = random.Random()
+        self._ended = False  # this epoch raised StopIteration: the next iter() starts another
+        self._source_at_end: Any = None  # the source's saved state, while it is not restored
+
+    def __iter__(self) -> Stage[T]:
+        """The stage itself; after the epoch's end, first the next epoch (``reset(None)``)."""
+        if self._ended:
+            self.reset(None)
+        return self
+
+    def __next__(self) -> T:
+        if self._ended:  # until the next epoch starts (the source may not even be restored)
+            raise StopIteration
+        try:
+            return super().__next__()
+        except StopIteration:
+            self._ended = True
+            raise
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         if initial_state is None:
             self._epoch += 1
-            self.source.reset(None)
+            self._ended = False
+            self._restart_source()
             self._rng = random.Random(derive_seed(self.seed, self.STAGE_ID, self._epoch))
             self._start_epoch()
         else:
             self._epoch = initial_state["epoch"]
             self.seed = initial_state["seed"]
-            self.source.reset(initial_state["source"])
+            # States saved before stages recorded the end resume as mid-epoch: the next
+            # next() raises StopIteration, and the iter() after that starts the next epoch.
+            self._ended = bool(initial_state.get("ended", False))
+            self._source_at_end = None
+            if self._ended and _restarted_from_saved_state(self.source):
+                # Only the next epoch reads the source again. Restored now, a plain iterable
+                # would be fast-forwarded through a whole epoch (a full read of a DataLoader)
+                # for nothing, and a loader started on its next epoch twice.
+                self._source_at_end = initial_state["source"]
+            else:
+                self.source.reset(initial_state["source"])
             self._rng.setstate(_as_rng_state(initial_state["rng"]))
             self.stats.load_state_dict(initial_state["stats"])
             self._load_stage_state(initial_state)
+
+    def _restart_source(self) -> None:
+        """Start the source's next epoch (from its saved state after a resumed end)."""
+        saved, self._source_at_end = self._source_at_end, None
+        iterable = getattr(self.source, "iterable", None)
+        if saved is not None and isinstance(iterable, Stateful):
+            # A loader's state from the end of an epoch makes its next iter() the next epoch,
+            # with its epoch count and seeds carried on.
+            iterable.load_state_dict(saved[IterableWrapper.ITERABLE_KEY])
+        self.source.reset(None)
 
     def get_state(self) -> dict[str, Any]:
         return {
             "epoch": self._epoch,
             "seed": self.seed,
-            "source": self.source.state_dict(),
+            "source": self._source_state_now(),
             "rng": self._rng.getstate(),
             "stats": self.stats.state_dict(),
+            "ended": self._ended,
             **self._get_stage_state(),
         }
+
+    def _source_state_now(self) -> Any:
+        """The source's state, or the saved one while a resumed end left it unrestored."""
+        if self._source_at_end is not None:
+            return self._source_at_end
+        return self.source.state_dict()
 
     def _pull(self) -> Any:
         """The next fresh item from the source, timing the wait and counting it."""
@@ -92,6 +145,22 @@ class Stage(BaseNode[T], Generic[T]):
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
         """Restore the fields that ``_get_stage_state`` wrote."""
+
+
+def _restarted_from_saved_state(source: BaseNode[Any]) -> bool:
+    """Whether ``source``, saved at its end, is best left unrestored until its next epoch.
+
+    True for a torchdata ``IterableWrapper`` over a plain iterable (its state is a count) or
+    over a stateful loader (a ``DataLoader``, a torchdata ``Loader``, anything batching such
+    as ``EchoingDataLoader``): the loader's end state already means "next epoch". Other nodes
+    and stateful datasets are restored as usual, then reset for the next epoch.
+    """
+    if not isinstance(source, IterableWrapper):
+        return False
+    iterable = source.iterable
+    if not isinstance(iterable, Stateful):
+        return True
+    return isinstance(iterable, (DataLoader, Loader)) or item_unit(iterable) == "batches"
 
 
 def _as_rng_state(state: Any) -> tuple:

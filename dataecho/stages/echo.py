@@ -89,6 +89,7 @@ def echo(
 
     Returns:
         A resumable iterator (a ``torchdata.nodes.BaseNode``) with ``.stats``,
-        ``state_dict()`` and ``reset(state)``.
+        ``state_dict()`` and ``reset(state)``. Once an epoch ended, the next ``iter()`` (a
+        new ``for`` loop) starts the next one over the source iterated anew.
     """
     return Echo(source, factor, seed=seed, copy=copy)

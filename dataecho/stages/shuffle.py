@@ -71,6 +71,6 @@ def shuffle(source: Iterable[T], buffer_size: int, *, seed: int | None = None) -
     """Shuffle ``source`` through a buffer of ``buffer_size`` items (0 or 1: pass-through).
 
     At the end of the source the buffer drains completely, so nothing is lost. Each epoch
-    (``reset()``) draws a new order from the seed.
+    (``reset()``, or the next ``for`` loop once one ended) draws a new order from the seed.
     """
     return Shuffle(source, buffer_size, seed=seed)

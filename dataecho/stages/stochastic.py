@@ -166,7 +166,8 @@ def stochastic_echo(
 
     Returns:
         A resumable iterator (a ``torchdata.nodes.BaseNode``) with ``.stats``,
-        ``state_dict()`` and ``reset(state)``.
+        ``state_dict()`` and ``reset(state)``. Once an epoch ended, the next ``iter()`` (a
+        new ``for`` loop) starts the next one over the source iterated anew.
     """
     return StochasticEcho(
         source, load_prob=load_prob, buffer_size=buffer_size, seed=seed, copy=copy

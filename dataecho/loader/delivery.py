@@ -1,0 +1,61 @@
+"""The delivery end of a worker's pipeline: untag each batch and count its fresh examples.
+
+Every item carries the number it was read under (:class:`dataecho.loader.reading.Tagged`), and
+every echoed copy carries its original's. A fresh example counts when its first copy reaches
+a delivered batch: with a shuffle buffer a later copy may arrive first, and a batch that
+``drop_last`` drops delivers nothing, so counting at the read would count examples nobody got.
+
+Which numbers were delivered: all below ``low``, and those in ``ahead`` (delivered out of
+order). ``ahead`` holds only what a shuffle buffer moved ahead of a still-buffered example, so
+the state stays small.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+
+class Delivery(BaseNode[list[Any]]):
+    """Lists of ``(read_number, item)`` in, lists of items out; ``fresh`` is the last list's
+    count of first deliveries. With ``drop_last`` a short last list is dropped, uncounted."""
+
+    def __init__(self, source: BaseNode[list[Any]], batch_size: int, *, drop_last: bool) -> None:
+        super().__init__()
+        self.source = source
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.fresh = 0
+        self._low = 0
+        self._ahead: set[int] = set()
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        state = initial_state or {}
+        self.source.reset(state.get("source"))
+        self._low = int(state.get("low", 0))
+        self._ahead = {int(i) for i in state.get("ahead", ())}
+        self.fresh = 0
+
+    def next(self) -> list[Any]:
+        tagged = next(self.source)
+        if self.drop_last and len(tagged) < self.batch_size:
+            raise StopIteration
+        fresh = 0
+        for number, _ in tagged:
+            if number >= self._low and number not in self._ahead:
+                self._ahead.add(number)
+                fresh += 1
+        while self._low in self._ahead:
+            self._ahead.remove(self._low)
+            self._low += 1
+        self.fresh = fresh
+        return [item for _, item in tagged]
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "source": self.source.state_dict(),
+            "low": self._low,
+            "ahead": sorted(self._ahead),
+        }

@@ -1,0 +1,366 @@
+"""EchoingDataLoader keeps torch.utils.data.DataLoader's contract (and StatefulDataLoader's for
+state) wherever echoing does not force a difference: signature, attributes, ``len``, samplers,
+seeds, ranks, several iterators, dataset state, exact accounting."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+import multiprocessing
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import torch_roundtrip
+from test_loader import Numbers, NumberStream, labels_of
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+
+from dataecho import EchoingDataLoader
+from dataecho.loader.length import MAX_PREFETCH
+
+WHERES = ("before_augment", "after_augment", "batch")
+
+
+def test_positional_arguments_and_attributes_are_dataloaders():
+    ds = Numbers(10)
+    loader = EchoingDataLoader(ds, 4, False, None, None, 0, None, False, True)
+    plain = DataLoader(ds, 4, False, None, None, 0, None, False, True)
+    for name in ("dataset", "batch_size", "drop_last", "num_workers", "pin_memory", "timeout"):
+        assert getattr(loader, name) == getattr(plain, name), name
+    assert loader.sampler is None and loader.batch_sampler is None
+    assert loader.generator is None and loader.persistent_workers is False
+    assert loader.prefetch_factor is None and loader.collate_fn is not None
+    assert len(loader) == len(plain) == 2
+    assert labels_of(loader) == labels_of(plain) == list(range(8))
+    assert EchoingDataLoader(ds).batch_size == 1  # DataLoader's default
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("where", WHERES)
+@pytest.mark.parametrize("factor", [1, 3, 1.7])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_len_is_the_number_of_batches_an_epoch_yields(num_workers, where, factor, drop_last):
+    loader = EchoingDataLoader(
+        Numbers(23), batch_size=4, echo_factor=factor, where=where, num_workers=num_workers,
+        drop_last=drop_last, shuffle=True, shuffle_buffer=5, seed=7,
+    )  # fmt: skip
+    for _ in range(2):  # each epoch draws its own fractional copies: len follows
+        expected = len(loader)
+        assert len(list(loader)) == expected
+
+
+def test_len_of_auto_is_an_upper_bound_and_of_iterables_follows_dataloader():
+    auto = EchoingDataLoader(Numbers(20), batch_size=4, echo_factor="auto", max_echo_factor=3)
+    assert len(auto) == 15 and len(list(auto)) <= 15
+    with pytest.raises(TypeError, match="without __len__"):
+        len(EchoingDataLoader(NumberStream(8), batch_size=4))
+
+    class Sized(NumberStream):
+        def __len__(self) -> int:
+            return self.n
+
+    assert len(EchoingDataLoader(Sized(10), batch_size=4, echo_factor=2)) == 5
+    assert len(EchoingDataLoader(Sized(10), batch_size=4)) == len(DataLoader(Sized(10), 4))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sampler_decides_which_examples_an_epoch_reads(num_workers):
+    indices = [3, 17, 5, 11, 2, 8, 13]
+    loader = EchoingDataLoader(
+        Numbers(20), batch_size=2, sampler=SubsetRandomSampler(indices), echo_factor=2,
+        num_workers=num_workers, seed=0,
+    )  # fmt: skip
+    got = labels_of(loader)
+    assert sorted(got) == sorted(indices * 2)  # each read once, echoed twice
+    assert loader.stats.fresh_examples == 7 and loader.stats.examples_out == 14
+    weighted = WeightedRandomSampler([0.0] * 10 + [1.0] * 10, num_samples=12)
+    loader = EchoingDataLoader(Numbers(20), batch_size=4, sampler=weighted, seed=0)
+    assert len(loader) == 3 and all(y >= 10 for y in labels_of(loader))
+
+
+def test_distributed_sampler_is_honoured_and_set_epoch_changes_the_order():
+    def epoch_labels(rank: int, epoch: int) -> list[int]:
+        sampler = DistributedSampler(Numbers(16), num_replicas=2, rank=rank, seed=1)
+        sampler.set_epoch(epoch)
+        loader = EchoingDataLoader(Numbers(16), batch_size=4, sampler=sampler, num_workers=2)
+        return labels_of(loader)
+
+    ranks = [epoch_labels(0, 0), epoch_labels(1, 0)]
+    assert [len(r) for r in ranks] == [8, 8]  # the sampler's share, not split again
+    assert sorted(ranks[0] + ranks[1]) == list(range(16))
+    assert sorted(epoch_labels(0, 1)) != sorted(ranks[0])  # set_epoch: a new share
+
+
+@pytest.mark.parametrize("source", ["generator", "manual_seed"])
+def test_without_a_seed_generator_or_torch_seed_make_runs_reproducible(source):
+    def run(seed: int) -> list[int]:
+        if source == "generator":
+            kwargs = {"generator": torch.Generator().manual_seed(seed)}
+        else:
+            torch.manual_seed(seed)
+            kwargs = {}
+        loader = EchoingDataLoader(Numbers(30), batch_size=5, shuffle=True, **kwargs)
+        return labels_of(loader)
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, port: int, use_sampler: bool, queue) -> None:
+    # What Lightning and accelerate do: a process group, but no RANK in the environment.
+    os.environ.pop("RANK", None)
+    os.environ["WORLD_SIZE"] = "2"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ds = Numbers(24)
+        sampler = DistributedSampler(ds, shuffle=False) if use_sampler else None
+        loader = EchoingDataLoader(ds, batch_size=3, sampler=sampler, num_workers=1, seed=0)
+        queue.put((rank, len(loader), labels_of(loader)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("use_sampler", [False, True])
+def test_ranks_come_from_the_process_group_without_a_rank_variable(use_sampler):
+    ctx = multiprocessing.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, use_sampler, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=90) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    (_, len0, first), (_, len1, second) = results
+    assert len(first) == len(second) == 12 and len0 == len1 == 4
+    assert sorted(first + second) == list(range(24))  # halves, never the same half twice
+
+
+def test_bad_dataloader_arguments_are_refused_with_the_reason():
+    cases = [
+        ({"batch_size": None}, "batch_size=None"),
+        ({"batch_sampler": [[0, 1]]}, "pass sampler= (the order"),
+        ({"persistent_workers": True}, "each epoch's workers"),
+        ({"sampler": [0, 1], "shuffle": True}, "mutually exclusive"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+            EchoingDataLoader(Numbers(4), **kwargs)
+    with pytest.raises(ValueError, match="iterable dataset decides its own order"):
+        EchoingDataLoader(NumberStream(4), batch_size=2, shuffle=True)
+
+
+def test_a_huge_echo_factor_keeps_a_bounded_prefetch():
+    loader = EchoingDataLoader(Numbers(4), batch_size=2, echo_factor=1e6, num_workers=1)
+    assert loader.prefetch_factor == MAX_PREFETCH
+    it = iter(loader)
+    assert labels_of(itertools.islice(it, 3)) == [0, 0, 0, 0, 0, 0]
+    loader.close()
+
+
+def test_a_new_iterator_ends_the_previous_one_with_a_clear_error():
+    loader = EchoingDataLoader(Numbers(12), batch_size=2, num_workers=1)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    with pytest.raises(RuntimeError, match="ended by a newer iter"):
+        next(first)
+    assert len(list(second)) == 6
+
+
+def test_state_survives_the_iterator_being_dropped_mid_epoch():
+    loader = EchoingDataLoader(Numbers(12), batch_size=2, shuffle=True, seed=3)
+    want = labels_of(EchoingDataLoader(Numbers(12), batch_size=2, shuffle=True, seed=3))
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    gc.collect()
+    resumed = EchoingDataLoader(Numbers(12), batch_size=2, shuffle=True, seed=3)
+    resumed.load_state_dict(torch_roundtrip(loader.state_dict()))
+    assert labels_of(resumed) == want[6:]
+
+
+def _worker_pids(loader) -> list[int]:
+    it = loader._iterator
+    return [w.pid for w in it.root._it._workers]
+
+
+@pytest.mark.timeout(60)
+def test_dropping_a_loader_mid_epoch_releases_its_workers_within_a_second():
+    loader = EchoingDataLoader(Numbers(400), batch_size=2, num_workers=2, echo_factor=2)
+    it = iter(loader)
+    next(it)
+    pids = _worker_pids(loader)
+    start = time.monotonic()
+    del it, loader
+    gc.collect()
+    assert time.monotonic() - start < 1.0
+    deadline = time.monotonic() + 1.0
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class SelfIterating(IterableDataset):
+    """A dataset that is its own iterator and builds its position in ``__iter__``, with
+    StatefulDataLoader's state protocol (each worker yields its own residue class)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pos = n, 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        self.start, self.step = (info.id, info.num_workers) if info else (0, 1)
+        self.pos = 0
+        return self
+
+    def __next__(self) -> int:
+        value = self.start + self.pos * self.step
+        if value >= self.n:
+            raise StopIteration
+        self.pos += 1
+        return value
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_that_is_its_own_iterator_resumes_without_replay(num_workers):
+    def make():
+        return EchoingDataLoader(SelfIterating(100), batch_size=5, num_workers=num_workers)
+
+    loader = make()
+    it = iter(loader)
+    head = [int(v) for b in itertools.islice(it, 7) for v in b]
+    resumed = make()
+    resumed.load_state_dict(torch_roundtrip(loader.state_dict()))
+    rest = [int(v) for b in resumed for v in b]
+    assert len(head) + len(rest) == 100
+    assert sorted(head + rest) == list(range(100))
+    assert resumed.stats.fresh_examples == 100
+
+
+class CountingEpochs(Numbers):
+    """A map-style dataset with state of its own: how many epochs it has been asked for."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.epochs = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epochs = state["epochs"]
+
+
+def test_a_state_saved_between_epochs_keeps_the_datasets_own_state():
+    ds = CountingEpochs(6)
+    loader = EchoingDataLoader(ds, batch_size=3)
+    list(loader)
+    ds.epochs = 5
+    state = torch_roundtrip(loader.state_dict())
+    fresh = CountingEpochs(6)
+    resumed = EchoingDataLoader(fresh, batch_size=3)
+    resumed.load_state_dict(state)
+    assert labels_of(resumed) == list(range(6)) and fresh.epochs == 5
+    assert resumed.epoch == 1
+
+
+def test_a_second_load_state_dict_wins_and_state_before_iteration_is_handed_on():
+    def make():
+        return EchoingDataLoader(Numbers(20), batch_size=2, shuffle=True, seed=4, echo_factor=2)
+
+    want = labels_of(make())
+    states = []
+    for k in (3, 8):
+        loader = make()
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        states.append(torch_roundtrip(loader.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(states[0])
+    resumed.load_state_dict(states[1])
+    handed_on = torch_roundtrip(resumed.state_dict())
+    assert labels_of(resumed) == want[16:]
+    again = make()
+    again.load_state_dict(handed_on)
+    assert labels_of(again) == want[16:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_drop_last_with_a_shuffle_buffer_counts_only_delivered_examples(num_workers):
+    loader = EchoingDataLoader(
+        Numbers(600), batch_size=32, echo_factor=2, shuffle_buffer=64, drop_last=True,
+        num_workers=num_workers, seed=3, shuffle=True,
+    )  # fmt: skip
+    for _ in range(2):
+        fresh, out = loader.stats.fresh_examples, loader.stats.examples_out
+        labels = labels_of(loader)
+        assert loader.stats.fresh_examples - fresh == len(set(labels))
+        assert loader.stats.examples_out - out == len(labels)
+        assert len(set(labels)) < 600  # the dropped short batches held examples seen nowhere
+
+
+class SlowNumbers(Numbers):
+    def __getitem__(self, i: int):
+        time.sleep(0.0005)
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_auto_with_a_shuffle_buffer_resumes_without_loss_and_with_the_right_counts(num_workers):
+    def make():
+        return EchoingDataLoader(
+            SlowNumbers(400), batch_size=8, echo_factor="auto", shuffle_buffer=64,
+            num_workers=num_workers, seed=1, shuffle=True,
+        )  # fmt: skip
+
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(20)]
+    state = torch_roundtrip(loader.state_dict())
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    labels = labels_of(head + rest)
+    assert set(labels) == set(range(400))  # every example delivered
+    assert resumed.stats.fresh_examples == 400  # and counted once
+    assert resumed.stats.examples_out == len(labels)
+    assert math.isclose(resumed.stats.realized_factor, len(labels) / 400)
