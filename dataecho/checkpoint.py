@@ -8,7 +8,12 @@ Atomic: the state is written to a temp file in the same folder, flushed and fsyn
 over the final name (``os.replace``, atomic on POSIX), and then the folder itself is fsynced.
 A crash or ``kill -9`` at any point leaves the earlier checkpoints and either the whole new one
 or none of it: never a torn file under a checkpoint's name. A killed writer's temp file is
-never read and the next save removes it.
+never read and the next save removes it. A write that fails (a full disk, a folder gone or
+made read-only) raises :class:`CheckpointError` naming the file and the reason, removes its
+temp file and leaves the earlier checkpoints as they were.
+
+Before a run spends its time, :func:`check_checkpoint_dir` makes sure its folder can be created
+and written to and has room for the checkpoints to come.
 
 Safe to load: a state may hold only tensors and plain containers and scalars (dict, list,
 tuple, str, int, float, bool, None), which :func:`save_checkpoint` checks *before* writing, so
@@ -17,8 +22,12 @@ every checkpoint loads with ``weights_only=True`` (no pickled code runs on load)
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,9 @@ VERSION = 1
 _NAME = re.compile(r"step-(\d+)\.pt")
 _TMP_PREFIX = ".tmp-"
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.Size)
+# The least free space a checkpoint folder must have, whatever the estimate: below it the disk
+# is as good as full (logs and temp files of the run need room too).
+MIN_FREE_BYTES = 16 << 20
 
 
 class CheckpointError(ValueError):
@@ -49,23 +61,105 @@ def save_checkpoint(
     keep = _validate.positive_int(keep, name="keep", hint="how many checkpoints to keep")
     _check_plain(state, "state")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob(_TMP_PREFIX + "*"):  # a killed writer's leftovers
-        stale.unlink(missing_ok=True)
     final = directory / f"step-{step:08d}.pt"
     tmp = directory / f"{_TMP_PREFIX}{final.name}.{os.getpid()}"
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob(_TMP_PREFIX + "*"):  # a killed writer's leftovers
+            stale.unlink(missing_ok=True)
         with open(tmp, "wb") as f:
             torch.save({"format": FORMAT, "version": VERSION, **state}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
+        _fsync_dir(directory)  # the rename survives a power cut only once the folder is synced
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a failed write to a file object as a RuntimeError whose context
+        # is the OSError (e.g. "No space left on device").
+        cause = _os_error(err)
+        if cause is None:
+            raise
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {reason(cause)}; {_kept(directory, final)}; "
+            f"free space on that disk or fix {directory}, or set another checkpoint_dir"
+        ) from err
     finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(directory)  # the rename itself survives a power cut only once the folder is synced
+        with contextlib.suppress(OSError):  # a folder gone or unreadable: nothing to clean up
+            tmp.unlink(missing_ok=True)
     for _, old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def check_checkpoint_dir(
+    directory: str | Path, *, need_bytes: int = MIN_FREE_BYTES, name: str = "checkpoint_dir"
+) -> Path:
+    """Fail now, not at the first checkpoint, if ``directory`` cannot take checkpoints.
+
+    Creates the folder (and its parents), creates and removes a temp file in it, and checks
+    that it has ``need_bytes`` free (at least :data:`MIN_FREE_BYTES`). Raises
+    :class:`CheckpointError` saying what was found, what is needed and the fix; returns the
+    folder. ``name`` is the setting the folder came from, for the message.
+    """
+    directory = Path(directory)
+    fix = f"pick a folder you can write to ({name}, --{name.replace('_', '-')} DIR)"
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"{name}={str(directory)!r} is a file, not a folder; {fix}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(
+            f"{name}={str(directory)!r} cannot be created: {reason(err)}; {fix}"
+        ) from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise CheckpointError(
+            f"{name}={str(directory)!r} is not writable: creating a file in it failed: "
+            f"{reason(err)}; {fix}"
+        ) from None
+    need = max(int(need_bytes), MIN_FREE_BYTES)
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise CheckpointError(
+            f"{name}={str(directory)!r} has {_mib(free)} free, but its checkpoints need about "
+            f"{_mib(need)}; free some space on that disk or pick a folder on another one"
+        )
+    return directory
+
+
+def reason(err: OSError) -> str:
+    """An OSError's reason as a person reads it: ``No space left on device (ENOSPC)``."""
+    code = errno.errorcode.get(err.errno) if err.errno is not None else None
+    text = err.strerror or str(err)
+    return f"{text} ({code})" if code else text
+
+
+def _os_error(err: BaseException) -> OSError | None:
+    """``err`` if it is an OSError, else the OSError behind it (torch wraps write errors)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
+def _kept(directory: Path, final: Path) -> str:
+    """What a failed write leaves to resume from, for its error message."""
+    try:
+        earlier = [p for _, p in list_checkpoints(directory) if p != final]
+    except OSError:
+        return "the folder cannot be listed, so no earlier checkpoint can be named"
+    if not earlier:
+        return "there is no earlier checkpoint to resume from"
+    return f"the previous checkpoint {earlier[-1]} is kept and resume (--resume) continues from it"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
 
 
 def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:

@@ -8,8 +8,8 @@
 Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(args) -> int``
 (the call into the library), then list them in ``COMMANDS``. Errors the user can fix (missing
 data or nginx, an unreachable server, a bad option or config value, a checkpoint of another
-run) print one ``dataecho NAME: error: ...`` line and exit with status 2; anything else is a
-bug and keeps its traceback. An error raised in a DataLoader worker is reported by its own
+run, a checkpoint folder that cannot be written) print one ``dataecho NAME: error: ...`` line
+and exit with status 2; anything else is a bug and keeps its traceback. An error raised in a DataLoader worker is reported by its own
 message (torch wraps it in "Caught X in DataLoader worker process N" and the worker's
 traceback, which is printed below it). Ctrl-C exits with 130 and SIGTERM with 143, both after
 every ``finally`` on the way out has run (loader workers shut down, a server the command
@@ -113,6 +113,9 @@ def _run_train(args: argparse.Namespace) -> int:
         f"(echo {r.realized_factor:.2f}x), {r.steps:,} steps, {r.wall_seconds:.1f} s wall "
         f"(evaluations {r.eval_seconds:.1f} s), stall {r.stall_fraction:.0%}"
     )
+    if cfg.on_bad_record == "skip":  # what the run did not train on, beside what it did
+        print(f"[{cfg.name}] {r.skipped_records:,} bad record(s) skipped (--on-bad-record "
+              "skip; each is logged as a warning)")  # fmt: skip
     for line in getattr(r, "rank_summary", ()):  # data-parallel runs: counters per rank
         print(f"[{cfg.name}] {line}")
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dataecho.config_checks import (
+    MAX_ECHO_FACTOR,
     Bool,
     Check,
     Choice,
@@ -54,6 +55,13 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
 # The targets `dataecho train` uses unless told otherwise ("off" for none). 0.85: the issue's
 # accuracy target; 1.8 nats/char: reached after ~20,000 fresh chunks (~30 s unthrottled).
 CLI_TARGETS = {"cnn": ("target_accuracy", 0.85), "char-lm": ("target_loss", 1.8)}
+# Upper limits of values that the machinery below takes in a fixed-size C number, or that no
+# real run needs; above them a run would fail deep inside (an overflow in time.sleep, a socket
+# or torch.manual_seed), so the config refuses them with the reason.
+MAX_SEED = 2**64 - 1  # torch.manual_seed and torch.Generator take a 64-bit unsigned seed
+MAX_READ_DELAY = 3600.0  # seconds per read: an hour, slower than any storage worth emulating
+MAX_TIMEOUT = 86_400.0  # seconds: a day without a byte or a collective is a hang
+MAX_THREADS = 1024
 
 
 def _opt(default: Any, check: Check, group: str, help: str) -> Any:
@@ -82,7 +90,10 @@ class TrainConfig:
         "prepare)",
     )  # fmt: skip
     read_delay: float = _opt(
-        0.0, Real(0), "data",
+        0.0,
+        Real(0, MAX_READ_DELAY, why="seconds each read sleeps: an hour per read is slower than "
+             "any storage worth emulating; e.g. read_delay=0.0006 makes a cnn run input-bound"),
+        "data",
         "in-memory upstream only: seconds each example read sleeps (emulated slow storage)",
     )  # fmt: skip
     train_examples: int | None = _opt(
@@ -106,7 +117,10 @@ class TrainConfig:
         "backoff) before the run stops with an error naming the shard and record",
     )  # fmt: skip
     http_timeout: float = _opt(
-        30.0, Real(0, low_open=True), "data",
+        30.0,
+        Real(0, MAX_TIMEOUT, low_open=True,
+             why="a server silent for a day is down, not slow; e.g. http_timeout=30"),
+        "data",
         "HTTP shard upstream: seconds without a byte from the server before a request counts as "
         "stalled (then retried, see retry-seconds)",
     )  # fmt: skip
@@ -116,8 +130,11 @@ class TrainConfig:
         "echo only while fresh data is late",
     )  # fmt: skip
     max_echo_factor: float = _opt(
-        4.0, Real(1), "echoing", "with echo factor 'auto': the most copies of one item"
-    )
+        4.0,
+        Real(1, MAX_ECHO_FACTOR, why="the most times one fresh item is emitted: past that, "
+             "reuse only repeats the same data; use max_echo_factor=2 to 16 (the papers' range)"),
+        "echoing", "with echo factor 'auto': the most copies of one item",
+    )  # fmt: skip
     reuse_buffer: int | None = _opt(
         None, Int(1, none="default"), "echoing",
         "with echo factor 'auto': how many recent fresh items a copy may be drawn from "
@@ -200,10 +217,16 @@ class TrainConfig:
         "DataLoader worker processes that read, decode, echo and augment (0: in the training "
         "process)",
     )  # fmt: skip
-    threads: int = _opt(1, Int(1), "machine", "torch threads for the training step")
+    threads: int = _opt(
+        1, Int(1, high=MAX_THREADS, why="more threads than cores only slow the step; e.g. "
+               "threads=1 next to one loader worker on 2 cores"),
+        "machine", "torch threads for the training step",
+    )  # fmt: skip
     seed: int = _opt(
-        0, Int(0), "machine", "seed of the model, the data order, echoing and augmentation"
-    )
+        0, Int(0, high=MAX_SEED, why="2**64 - 1: torch.manual_seed takes a 64-bit unsigned "
+               "seed; pass the seed modulo 2**64, e.g. seed % 18446744073709551616"),
+        "machine", "seed of the model, the data order, echoing and augmentation",
+    )  # fmt: skip
     checkpoint_dir: Path | None = _opt(
         None, PathValue(), "checkpoints",
         "write checkpoints (model, optimizer, loader, counters, history) to this folder",
@@ -241,7 +264,11 @@ class TrainConfig:
         "local-echo: average at a fresh batch with this probability (the same draws on every rank)",
     )  # fmt: skip
     dist_timeout: float = _opt(
-        300.0, Real(0, low_open=True), "distributed",
+        300.0,
+        Real(0, MAX_TIMEOUT, low_open=True,
+             why="a rank that has not joined a collective for a day is gone; e.g. "
+             "dist_timeout=300"),
+        "distributed",
         "seconds a collective waits for the other ranks; then it fails naming the late rank",
     )  # fmt: skip
 

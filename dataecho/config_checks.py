@@ -15,6 +15,12 @@ from urllib.parse import urlsplit
 
 from dataecho import _validate
 
+# The largest echo factor a run takes (fixed, or the most copies with "auto"). Each fresh item
+# is emitted that many times and the loader keeps about 2 x e emitted batches queued per
+# worker, so a factor past this only repeats the same data and fills memory with copies: the
+# papers' useful factors are 2 to 16.
+MAX_ECHO_FACTOR = 1024.0
+
 
 class Check:
     """``check(name, value)`` returns the value normalised or raises; ``parse`` reads text."""
@@ -40,8 +46,13 @@ class Check:
 
 @dataclass(frozen=True)
 class Int(Check):
+    """An integer >= ``low`` (and <= ``high`` when given; ``why``: the reason for that limit and
+    the fix, said when a value is above it)."""
+
     low: int
     none: str = ""
+    high: int | None = None
+    why: str = ""
     metavar = "N"
 
     def check(self, name: str, value: Any) -> int | None:
@@ -49,28 +60,37 @@ class Int(Check):
             return None
         off = f" or '{self.none}'" if self.none else ""
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an integer >= {self.low}{off}, got {value!r}")
+            raise TypeError(f"{name} must be {self.describe()}{off}, got {value!r}")
         if value < self.low:
             raise ValueError(f"{name} must be >= {self.low}{off}, got {value!r}")
+        if self.high is not None and value > self.high:
+            why = f" ({self.why})" if self.why else ""
+            raise ValueError(f"{name} must be {self.describe()}{off}, got {value!r}{why}")
         return int(value)
 
     def describe(self) -> str:
-        return f"an integer >= {self.low}"
+        if self.high is None:
+            return f"an integer >= {self.low}"
+        return f"an integer in {self.low}..{self.high}"
 
     def from_text(self, text: str) -> int:
         try:
             return int(text.replace("_", "").replace(",", ""))
         except ValueError:
-            raise ValueError(f"must be an integer >= {self.low}, got {text!r}") from None
+            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
 
 
 @dataclass(frozen=True)
 class Real(Check):
+    """A finite number in the range the bounds give (``why``: the reason for a finite ``high``
+    and the fix, said when a value is above it)."""
+
     low: float
     high: float = float("inf")
     low_open: bool = False
     high_open: bool = False
     none: str = ""
+    why: str = ""
     metavar = "X"
 
     def describe(self) -> str:
@@ -93,7 +113,9 @@ class Real(Check):
             v < self.high if self.high_open else v <= self.high
         )
         if not inside or v == float("inf"):
-            raise ValueError(f"{name} must be {self.range()}{off}, got {value!r}")
+            above = self.why and v > self.high
+            why = f" ({self.why})" if above else ""
+            raise ValueError(f"{name} must be {self.range()}{off}, got {value!r}{why}")
         return v
 
     def from_text(self, text: str) -> float:
@@ -122,12 +144,20 @@ class EchoFactor(Check):
     metavar = "E"
 
     def describe(self) -> str:
-        return "a number >= 1, or 'auto'"
+        return f"a number in [1, {MAX_ECHO_FACTOR:g}], or 'auto'"
 
     def check(self, name: str, value: Any) -> float | str:
         if value == "auto":
             return value
-        return _validate.echo_factor(value, name=name, auto_ok=True)
+        factor = _validate.echo_factor(value, name=name, auto_ok=True)
+        if factor > MAX_ECHO_FACTOR:
+            raise ValueError(
+                f"{name} must be at most {MAX_ECHO_FACTOR:g}, got {value!r}: each fresh item is "
+                "emitted that many times, and the loader queues about twice that many batches "
+                "per worker, so a larger factor only repeats the same data; use "
+                f"{name}=2 to 16 (the papers' range) or {name}='auto'"
+            )
+        return factor
 
     def from_text(self, text: str) -> float | str:
         if text == "auto":

@@ -6,7 +6,9 @@
 
 The first run with echo factor 1 is the baseline. Speedups are *to the target*: wall seconds
 (evaluations included) and fresh examples up to the first evaluation at or above the target
-accuracy; a run that missed the target gets none.
+accuracy; a run that missed the target gets none. Bad shard records a run skipped
+(``on_bad_record="skip"``) are in ``report.md`` and, per evaluation, in ``metrics.csv``'s
+``skipped_records`` column.
 """
 
 from __future__ import annotations
@@ -182,6 +184,8 @@ def _markdown(results: Sequence[Any], rows: list[Row], meta: ReportMeta) -> str:
         lines.append(f"- R = t_up / t_down = {meta.ratio:.2f} ({meta.ratio_how})")
     if (target := _target(results)) is not None:
         lines.append(f"- target: evaluation accuracy {target:g}")
+    if skipped := _skipped(results):
+        lines.append(f"- bad records skipped (on_bad_record=skip; never trained on): {skipped}")
     lines += ["", "## Results", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
     lines += ["", "## Reading", "", *_reading(results, rows, meta)]
@@ -218,6 +222,13 @@ def _reading(results: Sequence[Any], rows: list[Row], meta: ReportMeta) -> list[
     if meta.emulated:
         lines.append("- These numbers come from the storage EMULATION, not a real server.")
     return lines
+
+
+def _skipped(results: Sequence[Any]) -> str:
+    """``name N, ...`` for the runs that skip bad records or skipped some; "" when none did."""
+    runs = [r for r in results if getattr(r, "skipped_records", 0)
+            or getattr(r.config, "on_bad_record", "raise") == "skip"]  # fmt: skip
+    return ", ".join(f"{r.config.name} {getattr(r, 'skipped_records', 0):,}" for r in runs)
 
 
 def _num(acc: float | None) -> str:

@@ -138,8 +138,53 @@ def test_train_help_documents_every_option_with_its_range():
     for f in options():
         assert flag(f.name) in text, f.name
     for fragment in ("--config FILE", "an integer >= 1", "a number in (0, 1], default 0.85",
-                     "default 1.8", "a number >= 1, or 'auto'", "--no-resume"):  # fmt: skip
+                     "default 1.8", "a number in [1, 1024], or 'auto'", "--no-resume",
+                     "an integer in 0..18446744073709551615, default 0",
+                     "a number in [0, 3600], default 0"):  # fmt: skip
         assert fragment in text, fragment
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seed", "18446744073709551616"],
+         "--seed: seed must be an integer in 0..18446744073709551615, got 18446744073709551616 "
+         "(2**64 - 1: torch.manual_seed takes a 64-bit unsigned seed; pass the seed modulo "
+         "2**64, e.g. seed % 18446744073709551616)"),
+        (["--read-delay", "1.8e19"],
+         "--read-delay: read_delay must be a number in [0, 3600], got 1.8e+19 (seconds each "
+         "read sleeps: an hour per read is slower than any storage worth emulating; e.g. "
+         "read_delay=0.0006 makes a cnn run input-bound)"),
+        (["--echo-factor", "18446744073709551616"],
+         "--echo-factor: echo_factor must be at most 1024, got 1.8446744073709552e+19: each "
+         "fresh item is emitted that many times, and the loader queues about twice that many "
+         "batches per worker, so a larger factor only repeats the same data; use "
+         "echo_factor=2 to 16 (the papers' range) or echo_factor='auto'"),
+    ],
+)  # fmt: skip
+def test_values_past_their_limit_are_one_error_line_before_anything_runs(args, message, capsys):
+    # Each of these once ended in a traceback (an overflow) or a loader that never answered.
+    assert main(["train", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"dataecho train: error: {message}\n"
+
+
+@needs_data
+@pytest.mark.timeout(60)
+def test_a_checkpoint_folder_that_cannot_be_written_fails_before_training(
+    small_dir, tmp_path, capsys
+):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the folder's parent should be")
+    code = main(["train", "--data-dir", str(small_dir), "--checkpoint-dir", str(blocker / "ck"),
+                 "--target-accuracy", "off", *TINY])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""  # no step, no evaluation line
+    assert err == (
+        f"dataecho train: error: checkpoint_dir={str(blocker / 'ck')!r} cannot be created: "
+        "Not a directory (ENOTDIR); pick a folder you can write to (checkpoint_dir, "
+        "--checkpoint-dir DIR)\n"
+    )
 
 
 def test_missing_data_gives_the_install_hint_and_no_traceback(tmp_path, capsys):
@@ -285,6 +330,29 @@ def test_a_bad_record_read_in_a_worker_is_one_paragraph_with_its_traceback_below
 
 
 @needs_data
+@pytest.mark.timeout(120)
+def test_with_on_bad_record_skip_the_summary_counts_the_skipped_records(
+    small_dir, shard_dir, tmp_path, capsys
+):
+    from test_reliability_resume import damage_png
+
+    copy = tmp_path / "shards"
+    copy.mkdir()
+    for f in shard_dir.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    damage_png(copy / "fashion-mnist-000001.tar", record=6)
+    code = main(["train", "--upstream", str(copy), "--data-dir", str(small_dir), "--budget",
+                 "448", "--target-accuracy", "off", "--on-bad-record", "skip", *TINY])  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert (
+        out[-1]
+        == "[e=1] 1 bad record(s) skipped (--on-bad-record skip; each is logged as a warning)"
+    )
+    assert out[-4].endswith(" | 1 bad record(s) skipped")  # the last evaluation's line
+
+
+@needs_data
 @pytest.mark.skipif(not have_nginx(), reason="nginx not installed (apt-get install nginx-light)")
 @pytest.mark.timeout(120)
 def test_a_stalled_server_fails_after_http_timeout_naming_the_shard(small_dir, shard_dir, capsys):
@@ -317,10 +385,10 @@ def test_a_stalled_server_fails_after_http_timeout_naming_the_shard(small_dir, s
 
 def test_http_timeout_is_checked_and_documented(capsys):
     assert main(["train", "--http-timeout", "0"]) == 2
-    assert ("dataecho train: error: --http-timeout: http_timeout must be a finite number > 0, "
-            "got 0.0") in capsys.readouterr().err  # fmt: skip
+    assert ("dataecho train: error: --http-timeout: http_timeout must be a number in "
+            "(0, 86400], got 0.0") in capsys.readouterr().err  # fmt: skip
     assert TrainConfig().http_timeout == 30.0
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
     text = " ".join(sub.format_help().split())
     assert "--http-timeout X HTTP shard upstream: seconds without a byte" in text
-    assert "[a finite number > 0, default 30]" in text
+    assert "[a number in (0, 86400], default 30]" in text

@@ -6,11 +6,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataecho.config import (
     CLI_TARGETS,
+    MAX_SEED,
     WORKLOAD_DEFAULTS,
     ConfigError,
     TrainConfig,
@@ -55,7 +57,7 @@ def test_to_dict_is_plain_and_rebuilds_the_same_config():
     [
         ({"budget": 0}, ValueError, "budget must be >= 1 or 'default', got 0"),
         ({"threads": 0}, ValueError, "threads must be >= 1, got 0"),
-        ({"threads": 1.5}, TypeError, "threads must be an integer >= 1, got 1.5"),
+        ({"threads": 1.5}, TypeError, r"threads must be an integer in 1\.\.1024, got 1.5"),
         ({"shuffle_buffer": -1}, ValueError, "shuffle_buffer must be >= 0, got -1"),
         ({"echo_factor": 0.5}, ValueError, "echo_factor must be >= 1"),
         ({"echo_factor": "twice"}, TypeError, 'or "auto"'),
@@ -64,7 +66,7 @@ def test_to_dict_is_plain_and_rebuilds_the_same_config():
         ({"lr": 0}, ValueError, "lr must be a finite number > 0 or 'default', got 0"),
         ({"momentum": 1.0}, ValueError, r"momentum must be a number in \[0, 1\), got 1.0"),
         ({"target_accuracy": 1.2}, ValueError, r"target_accuracy must be a number in \(0, 1\]"),
-        ({"read_delay": float("inf")}, ValueError, "read_delay must be a finite number >= 0"),
+        ({"read_delay": float("inf")}, ValueError, r"read_delay must be a number in \[0, 3600\]"),
         ({"resume": 1}, TypeError, "resume must be true or false, got 1"),
         ({"upstream": "ftp://host/x"}, ValueError, "upstream must be 'memory', http://HOST"),
         ({"upstream": "http:///nohost"}, ValueError, "got 'http:///nohost'"),
@@ -80,6 +82,54 @@ def test_to_dict_is_plain_and_rebuilds_the_same_config():
 def test_bad_values_name_the_key_the_value_and_the_range(changes, error, message):
     with pytest.raises(error, match=message):
         TrainConfig(**changes)
+
+
+# Values past what the machinery takes (a C integer, time.sleep, a socket timeout) or what any
+# run needs: refused when the config is built, with the range and the reason, not deep inside
+# a run (an overflow traceback, or a loader that queues 2 x e batches and never answers).
+@pytest.mark.parametrize(
+    ("flag_name", "text", "message"),
+    [
+        ("seed", "18446744073709551616",
+         r"--seed: seed must be an integer in 0\.\.18446744073709551615, got "
+         r"18446744073709551616 \(2\*\*64 - 1: torch.manual_seed takes a 64-bit unsigned seed; "
+         r"pass the seed modulo 2\*\*64"),
+        ("read_delay", "1.8e19",
+         r"--read-delay: read_delay must be a number in \[0, 3600\], got 1.8e\+19 \(seconds each "
+         r"read sleeps: an hour per read is slower than any storage worth emulating; e.g. "
+         r"read_delay=0.0006"),
+        ("echo_factor", "18446744073709551616",
+         r"--echo-factor: echo_factor must be at most 1024, got 1.8446744073709552e\+19: each "
+         r"fresh item is emitted that many times, .* use echo_factor=2 to 16 \(the papers' "
+         r"range\) or echo_factor='auto'"),
+        ("echo_factor", "1024.5", "echo_factor must be at most 1024, got 1024.5"),
+        ("max_echo_factor", "2000",
+         r"max_echo_factor must be a number in \[1, 1024\], got 2000.0 \(the most times one "
+         r"fresh item is emitted"),
+        ("http_timeout", "1e19", r"http_timeout must be a number in \(0, 86400\], got 1e\+19"),
+        ("dist_timeout", "1e19", r"dist_timeout must be a number in \(0, 86400\], got 1e\+19"),
+        ("threads", str(2**40), r"threads must be an integer in 1\.\.1024, got 1099511627776"),
+    ],
+)  # fmt: skip
+def test_values_past_their_limit_are_refused_with_the_range_and_the_reason(
+    flag_name, text, message
+):
+    with pytest.raises(ConfigError, match=message):
+        config_from(None, {flag_name: text})
+
+
+def test_the_limits_themselves_are_accepted():
+    cfg = TrainConfig(seed=2**64 - 1, read_delay=3600, echo_factor=1024, max_echo_factor=1024,
+                      http_timeout=86_400, dist_timeout=86_400, threads=1024)  # fmt: skip
+    assert cfg.seed == 2**64 - 1 and cfg.read_delay == 3600.0 and cfg.echo_factor == 1024.0
+    with pytest.raises(ValueError, match="echo_factor must be at most 1024"):
+        TrainConfig(echo_factor=float(2**64))
+    with pytest.raises(ValueError, match=r"seed must be an integer in 0\.\.18446744073709551615"):
+        TrainConfig(seed=2**64)
+    with torch.random.fork_rng(devices=[]):  # the limit is torch's own: one more overflows it
+        torch.manual_seed(MAX_SEED)
+        with pytest.raises((RuntimeError, ValueError), match="Overflow"):
+            torch.manual_seed(MAX_SEED + 1)
 
 
 def test_target_accuracy_does_not_apply_to_the_language_model():

@@ -1,47 +1,34 @@
-"""Loader workers die with the training process, even after SIGKILL."""
+"""Loader workers live as long as the training process, whichever thread started them.
+
+They survive the exit of the thread that created the iterator (like a plain DataLoader's), and
+end within a second of a ``kill -9`` of the training process, even when blocked.
+"""
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
+from conftest import wait_until
 
 from dataecho import EchoingDataLoader
-from dataecho.loader.lifetime import DieWithParent
+from dataecho.loader.lifetime import POLL_SECONDS, DieWithParent
 
-SCRIPT = """
-import sys, time, torch
-from dataecho import EchoingDataLoader
-
-class Slow(torch.utils.data.Dataset):
-    def __len__(self):
-        return 10_000
-    def __getitem__(self, i):
-        time.sleep(0.001)
-        return torch.zeros(12_000), i  # 8 x 48 KB: batches bigger than a pipe holds
-
-seen = []
-loader = EchoingDataLoader(Slow(), batch_size=8, echo_factor=2, num_workers=1,
-                           worker_init_fn=lambda worker_id: seen.append(worker_id))
-it = iter(loader)
-next(it)
-import multiprocessing
-print(*[c.pid for c in multiprocessing.active_children()], flush=True)
-time.sleep(60)
-"""
+EXAMPLES = 64
+# Within this of the training process's death its workers are gone (they poll every 0.1 s).
+PROMPTLY = 1.0
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     try:  # a zombie is dead too: it only waits for its new parent to reap it
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
@@ -49,23 +36,172 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
-def test_workers_exit_when_the_training_process_is_killed():
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True)
+def state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0]
+
+
+def make_loader(kind: str) -> torch.utils.data.DataLoader | EchoingDataLoader:
+    data = [(torch.zeros(2), i) for i in range(EXAMPLES)]
+    if kind == "DataLoader":  # the reference behaviour
+        return torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
+    return EchoingDataLoader(data, batch_size=4, echo_factor=2, num_workers=2)
+
+
+def copies(kind: str) -> int:
+    return 1 if kind == "DataLoader" else 2
+
+
+def on_a_thread_that_exits(fn):
+    """``fn()`` run on a thread, returned once that thread is gone from the process."""
+    out = queue.SimpleQueue()
+    thread = threading.Thread(target=lambda: out.put(fn()))
+    thread.start()
+    thread.join()
+    # join() returns a little before the OS thread exits, which is what the kernel acts on.
+    assert wait_until(lambda: not os.path.exists(f"/proc/self/task/{thread.native_id}"))
+    time.sleep(0.2)  # a worker killed at that exit would be dead by now
+    return out.get()
+
+
+def check_epoch(kind: str, loader, batches: list) -> None:
+    labels = collections.Counter(int(y) for _, ys in batches for y in ys)
+    assert len(batches) == EXAMPLES * copies(kind) // 4
+    assert labels == dict.fromkeys(range(EXAMPLES), copies(kind))  # each example, every copy
+    if kind == "EchoingDataLoader":
+        stats = loader.stats
+        assert (stats.fresh_examples, stats.examples_out) == (EXAMPLES, 2 * EXAMPLES)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["DataLoader", "EchoingDataLoader"])
+def test_an_epoch_continues_after_the_thread_that_started_it_exits(kind):
+    loader = make_loader(kind)
+
+    def start():
+        it = iter(loader)
+        return it, next(it)
+
+    it, first = on_a_thread_that_exits(start)
+    check_epoch(kind, loader, [first, *it])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["DataLoader", "EchoingDataLoader"])
+def test_a_loop_on_another_thread_over_an_iterator_whose_thread_exited(kind):
+    loader = make_loader(kind)
+    it = on_a_thread_that_exits(lambda: iter(loader))  # workers forked there, then it ends
+    batches = on_a_thread_that_exits(lambda: [batch for batch in it])
+    check_epoch(kind, loader, batches)
+
+
+SCRIPT = """
+import sys, threading, time, torch, multiprocessing
+from dataecho import EchoingDataLoader
+
+start, block = sys.argv[1:]
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        if i >= 16:  # each of the 2 workers makes its first batch (8 of its examples), then:
+            if block == "sleep":  # a slow read
+                time.sleep(600)
+            if block == "gil":  # C code that never releases the GIL
+                time.sleep(0.3)  # (let the worker send its first batch before)
+                sum(range(10**14))
+        return torch.zeros(12_000), i  # 8 x 48 KB: batches bigger than a pipe holds
+
+seen = []
+loader = EchoingDataLoader(Data(), batch_size=8, num_workers=2, read_ahead=0,
+                           worker_init_fn=lambda worker_id: seen.append(worker_id))
+
+def begin():
+    global it
+    it = iter(loader)
+    next(it)
+
+if start == "thread":  # the workers' forking thread ends before the kill
+    thread = threading.Thread(target=begin)
+    thread.start()
+    thread.join()
+else:
+    begin()
+print(*[c.pid for c in multiprocessing.active_children()], flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize(
+    ("start", "block"),
+    [
+        ("main", "pipe"),  # blocked writing into a full pipe that nobody drains
+        ("thread", "pipe"),
+        ("thread", "sleep"),  # asleep in a slow __getitem__
+        ("main", "gil"),  # stuck holding the GIL: the kernel's parent-death signal stops it
+    ],
+)
+def test_workers_end_promptly_when_the_training_process_is_killed(start, block):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, start, block], stdout=subprocess.PIPE, text=True
+    )
+    workers: list[int] = []
     try:
         workers = [int(p) for p in proc.stdout.readline().split()]
-        assert workers, "the loader started no worker"
+        assert len(workers) == 2, "the loader did not start its 2 workers"
+        if block == "gil":  # both running in sum(), not waiting
+            assert wait_until(lambda: all(state(p) == "R" for p in workers))
+        time.sleep(0.3 + 2 * POLL_SECONDS)  # blocked by now; any killed early would be dead
         assert all(alive(p) for p in workers)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        deadline = time.monotonic() + 20
-        while any(alive(p) for p in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(alive(p) for p in workers), "a worker outlived the killed process"
+        killed = time.monotonic()
+        assert wait_until(lambda: not any(alive(p) for p in workers), timeout=PROMPTLY), (
+            "a worker outlived the killed process"
+        )
+        print(f"workers gone {time.monotonic() - killed:.2f} s after the kill")
     finally:
         proc.kill()
         proc.wait()
+        for pid in workers:
+            if alive(pid):  # failed: do not leave it behind
+                os.kill(pid, signal.SIGKILL)
+
+
+def can_be_pid_1() -> bool:
+    try:
+        return (
+            subprocess.run(
+                ["unshare", "--pid", "--fork", "true"], stderr=subprocess.DEVNULL
+            ).returncode
+            == 0
+        )
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    not can_be_pid_1(), reason="needs unshare and the right to make a PID namespace"
+)
+def test_workers_run_when_the_training_process_is_pid_1():
+    # As in a container started without an init: the workers' parent is PID 1, which does not
+    # mean that they were orphaned.
+    script = (
+        "import os, torch; from dataecho import EchoingDataLoader; assert os.getpid() == 1; "
+        "data = [(torch.zeros(2), i) for i in range(16)]; "
+        "print(len(list(EchoingDataLoader(data, batch_size=4, num_workers=2))))"
+    )
+    run = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert (run.returncode, run.stdout) == (0, "4\n"), run.stderr
 
 
 def mark_worker(folder, worker_id):

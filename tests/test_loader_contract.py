@@ -203,14 +203,17 @@ def _worker_pids(loader) -> list[int]:
 
 
 @pytest.mark.timeout(60)
-def test_dropping_a_loader_mid_epoch_releases_its_workers_within_a_second():
+@pytest.mark.parametrize("drop", ["loader", "iterator"])
+def test_dropping_a_loader_mid_epoch_releases_its_workers_within_a_second(drop):
     loader = EchoingDataLoader(Numbers(400), batch_size=2, num_workers=2, echo_factor=2)
     it = iter(loader)
     next(it)
     pids = _worker_pids(loader)
     start = time.monotonic()
-    del it, loader
-    gc.collect()
+    if drop == "loader":
+        del it, loader
+    else:
+        del it
     assert time.monotonic() - start < 1.0
     deadline = time.monotonic() + 1.0
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
@@ -364,3 +367,24 @@ def test_auto_with_a_shuffle_buffer_resumes_without_loss_and_with_the_right_coun
     assert resumed.stats.fresh_examples == 400  # and counted once
     assert resumed.stats.examples_out == len(labels)
     assert math.isclose(resumed.stats.realized_factor, len(labels) / 400)
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_inside_a_reference_cycle_is_collected_within_a_second():
+    class Trainer:
+        pass
+
+    trainer = Trainer()
+    trainer.me = trainer  # a cycle of the user's own: only the garbage collector frees it
+    trainer.loader = EchoingDataLoader(Numbers(400), batch_size=2, num_workers=2, echo_factor=2)
+    trainer.it = iter(trainer.loader)
+    next(trainer.it)
+    pids = _worker_pids(trainer.loader)
+    del trainer
+    start = time.monotonic()
+    gc.collect()
+    assert time.monotonic() - start < 1.0
+    deadline = time.monotonic() + 1.0
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(_alive(p) for p in pids)

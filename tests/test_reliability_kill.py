@@ -3,7 +3,8 @@
 Three real processes: an uninterrupted run, a run SIGKILLed at a random moment after its first
 checkpoint, and ``--resume`` of that one. With a fixed seed and one loader worker the resumed
 run's final checkpoint (every step's loss, fresh examples, weights) equals the uninterrupted
-run's, and every checkpoint file the killed run left loads (none is torn).
+run's, every checkpoint file the killed run left loads (none is torn), and the killed run's
+loader worker ended with it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import wait_until
+from test_lifetime import alive
 from test_reliability_resume import synthetic
 
 from dataecho.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
@@ -75,6 +78,7 @@ def test_kill_9_then_resume_continues_the_uninterrupted_run_exactly(tmp_path):
     shards = tmp_path / "shards"
     write_image_shards(*synthetic(EXAMPLES, seed=2), shards, examples_per_shard=100)
     ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
+    workers: list[int] = []
     reference = train(shards, ref_dir)  # runs alongside the one to kill: 2 cores
     victim = train(shards, killed_dir)
     try:
@@ -85,21 +89,24 @@ def test_kill_9_then_resume_continues_the_uninterrupted_run_exactly(tmp_path):
             time.sleep(0.02)
         time.sleep(random.uniform(0.0, 1.0))
         assert victim.poll() is None, "the run ended before the kill: make it longer"
+        # (none for a moment between two epochs' workers)
+        assert wait_until(lambda: children(victim.pid)), "the run has no loader worker"
         workers = children(victim.pid)
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=30)
         assert victim.returncode == -signal.SIGKILL
-        # An orphaned DataLoader worker can block forever on its full result pipe (torch
-        # joins the queue's feeder thread at exit): stop the ones we made.
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Its loader worker ends with it, even one blocked on its full result pipe (torch
+        # would join the queue's feeder thread at exit): dataecho.loader.lifetime.
+        assert wait_until(lambda: not any(alive(p) for p in workers), timeout=5), workers
         finish(reference)
     finally:
         for proc in (victim, reference):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        for pid in workers:  # failed: leave nothing behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     # Under a checkpoint's name only whole files (each loads with weights_only=True); a killed
     # writer may leave a .tmp- file, which is never read.

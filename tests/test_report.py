@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,6 +19,7 @@ class Cfg:
     where: str = "before_augment"
     max_echo_factor: float = 8.0
     target_accuracy: float | None = 0.85
+    on_bad_record: str = "raise"
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Result:
     fresh_to_target: int | None
     seconds_to_target: float | None
     history: list[dict[str, float]] = field(default_factory=list)
+    skipped_records: int = 0
 
 
 def curve(points, factor):
@@ -142,7 +145,7 @@ def test_files_hold_every_evaluation_the_table_and_a_real_image(tmp_path):
     assert cells[-2:] == ["2.50x", "3.00x"]
     # At 20,000 fresh examples the baseline's evaluation said 0.78: echoing is not behind.
     assert "0.8550 against 0.7800" in md and "+7.50 points" in md
-    assert "EMULATION" not in md
+    assert "EMULATION" not in md and "bad records skipped" not in md  # none skipped any
 
     with Image.open(out / "curves.png") as img:
         img.verify()
@@ -157,3 +160,18 @@ def test_emulated_numbers_are_labelled_and_empty_input_is_refused(tmp_path):
     assert "EMULATION, not a real server" in md
     with pytest.raises(ValueError, match="no results"):
         write_report([], tmp_path, meta=emulated)
+
+
+def test_skipped_bad_records_are_in_the_metrics_and_the_report(tmp_path):
+    base, fixed, missed = results()
+    # A run reading shards with on_bad_record="skip": each evaluation row says how many so far.
+    skipping = dataclasses.replace(
+        fixed, config=dataclasses.replace(fixed.config, on_bad_record="skip"), skipped_records=3,
+        history=[{**row, "skipped_records": n} for row, n in zip(fixed.history, (1, 3), strict=True)],
+    )  # fmt: skip
+    out = write_report([base, skipping, missed], tmp_path, meta=META)
+    with (out / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["skipped_records"] for r in rows] == ["", "", "", "1", "3", ""]
+    md = (out / "report.md").read_text()
+    assert "- bad records skipped (on_bad_record=skip; never trained on): e=4 3\n" in md

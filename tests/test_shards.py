@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import random
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from conftest import torch_roundtrip
+from test_reliability_resume import damage_png
 
 from dataecho.loader import EchoingDataLoader
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
@@ -196,3 +199,74 @@ def test_bad_inputs_name_the_value_and_the_fix(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps({"format": "other", "version": 9}))
     with pytest.raises(ValueError, match="not a dataecho-webdataset-shards v1 manifest"):
         ShardDataset(tmp_path)
+
+
+# --- bad records skipped: counted over every pass and worker ---------------------------------
+
+
+@pytest.fixture
+def three_bad(tmp_path):
+    """120 records in 6 shards of 20; one record of shards 0, 3 and 4 has a broken PNG."""
+    images, labels = synthetic(120, seed=1)
+    write_image_shards(images, labels, tmp_path, examples_per_shard=20)
+    shards = sorted(tmp_path.glob("*.tar"))
+    for shard, record in ((shards[0], 3), (shards[3], 5), (shards[4], 1)):
+        shard.chmod(0o644)
+        damage_png(shard, record)
+    return tmp_path
+
+
+def quiet_skips(caplog):
+    """The skip warnings off (one per bad record), here and in forked loader workers."""
+    return caplog.at_level(logging.ERROR, logger="dataecho.shards")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skipped_records_add_up_over_workers_and_epochs(three_bad, num_workers, caplog):
+    dataset = ShardDataset(three_bad, on_bad_record="skip", shuffle_shards=True)
+    loader = EchoingDataLoader(dataset, batch_size=8, num_workers=num_workers, seed=0)
+    totals = []
+    with quiet_skips(caplog):
+        for epoch in range(2):
+            dataset.set_epoch(epoch)  # as the training loop does, before each epoch
+            assert sum(len(y) for _, y in loader) == 117  # every good record, once
+            totals.append(dataset.skipped_total)
+    assert totals == [3, 6]  # in the training process, whichever worker skipped them
+    assert dataset.skipped_checkpoint(mid_pass=True) == 3  # the finished epoch's
+    assert dataset.skipped_checkpoint(mid_pass=False) == 6
+    assert ShardDataset(three_bad).skipped_total == 0  # "raise" skips nothing
+
+
+@pytest.mark.timeout(60)
+def test_a_resumed_loader_counts_each_skipped_record_once(three_bad, caplog):
+    """A checkpoint mid-epoch, from a worker state a few batches old (so the resume replays):
+    the resumed count equals the uninterrupted one, none lost, none twice."""
+
+    def make():
+        dataset = ShardDataset(three_bad, on_bad_record="skip")
+        return dataset, EchoingDataLoader(dataset, batch_size=8, num_workers=1, seed=0,
+                                          snapshot_every_n_steps=4)  # fmt: skip
+
+    with quiet_skips(caplog):
+        whole, loader = make()
+        for epoch in range(2):
+            whole.set_epoch(epoch)
+            list(loader)
+        assert whole.skipped_total == 6
+        dataset, loader = make()
+        list(loader)  # epoch 0: 3 skipped, a finished pass
+        dataset.set_epoch(1)
+        it = iter(loader)
+        for _ in range(9):  # 72 good records: past shard 3's bad one, not yet shard 4's
+            next(it)  # (which the worker, reading ahead, may well have skipped already)
+        state = torch_roundtrip(loader.state_dict())
+        kept = dataset.skipped_checkpoint(mid_pass=state["root"] is not None)
+        loader.close()
+        resumed, loader = make()
+        loader.load_state_dict(state)
+        resumed.resume_skipped(kept)
+        resumed.set_epoch(1)
+        rest = sum(len(y) for _, y in loader)
+    assert kept == 3 and rest == 117 - 72
+    assert resumed.skipped_total == whole.skipped_total == 6

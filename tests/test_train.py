@@ -5,12 +5,21 @@ A resume from shards (fast-forward) in a new process is tested in test_cli.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 
 import pytest
 import torch
+from test_checkpoint import file_size_limit
+from test_reliability_resume import damage_png
 
-from dataecho.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints
+from dataecho.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
 from dataecho.sources.austen import DEFAULT_PACKAGE_DIR
 from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
 from dataecho.train import TrainConfig, measure_step_seconds, train
@@ -24,7 +33,7 @@ pytestmark = [
     pytest.mark.timeout(120),
 ]
 HISTORY_KEYS = ["fresh", "steps", "seconds", "accuracy", "train_loss", "realized_factor", "stall",
-                "step_seconds", "eval_seconds", "screened"]  # fmt: skip
+                "step_seconds", "eval_seconds", "screened", "skipped_records"]  # fmt: skip
 
 
 def quiet(line: str) -> None:
@@ -205,6 +214,88 @@ def test_resume_with_an_empty_folder_starts_afresh_and_a_finished_run_stays_fini
     assert r.steps == 4
     again = train(cfg, log=quiet)  # resumes at its limit: no further step
     assert again.steps == 4 and again.losses == r.losses
+
+
+def test_a_folder_that_cannot_take_checkpoints_fails_before_any_step(tiny, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the folder's parent should be")
+    logs = []
+    with pytest.raises(CheckpointError, match=r"checkpoint_dir='.*file/ck' cannot be created: "
+                       r"Not a directory \(ENOTDIR\)"):  # fmt: skip
+        train(tiny(checkpoint_dir=blocker / "ck"), log=logs.append)
+    assert logs == []  # refused before the run began: no step, no evaluation
+
+
+def test_a_failed_checkpoint_write_stops_the_run_and_the_one_before_resumes(tiny, tmp_path):
+    folder = tmp_path / "ck"
+    cfg = tiny(checkpoint_dir=folder, checkpoint_every=4, eval_every=256)  # both every 4 steps
+    with contextlib.ExitStack() as limits:
+
+        def log(line: str) -> None:  # step 8's evaluation comes just before its checkpoint
+            if "step      8 |" in line:
+                limits.enter_context(file_size_limit(4096))  # a full disk, for this process
+
+        with pytest.raises(CheckpointError) as caught:
+            train(cfg, log=log)
+    assert str(caught.value).startswith(
+        f"cannot write checkpoint {folder / 'step-00000008.pt'}: File too large (EFBIG); the "
+        f"previous checkpoint {folder / 'step-00000004.pt'} is kept and resume (--resume) "
+        "continues from it"
+    )
+    assert [p.name for p in folder.iterdir()] == ["step-00000004.pt"]  # no temp file left
+    assert load_checkpoint(folder / "step-00000004.pt")["run"]["steps"] == 4
+    logs = []
+    rest = train(dataclasses.replace(cfg, resume=True), log=logs.append)
+    assert logs[0].startswith(f"[e=1] resumed from {folder / 'step-00000004.pt'}: step 4,")
+    assert rest.steps == 16 and rest.fresh_examples == 1024
+
+
+# --- bad records in a shard upstream ---------------------------------------------------------
+
+
+@pytest.fixture
+def damaged_shards(data_dir, tmp_path):
+    """512 real examples in 4 shards of 128, the first record of each with a broken PNG."""
+    folder = tmp_path / "shards"
+    prepare(folder, data_dir=data_dir, examples=512, examples_per_shard=128)
+    for shard in sorted(folder.glob("*.tar")):
+        shard.chmod(0o644)
+        damage_png(shard, record=0)
+    return folder
+
+
+def test_skipped_bad_records_reach_the_result_the_history_and_the_log(
+    data_dir, damaged_shards, caplog
+):
+    # 448 fresh examples: 7 batches of 64, which need records from all 4 shards (127 good
+    # ones each), so every skip has happened in the worker before the last batch arrives.
+    cfg = TrainConfig(upstream=str(damaged_shards), data_dir=data_dir, on_bad_record="skip",
+                      batch_size=64, budget=448, eval_every=192, eval_examples=100,
+                      num_workers=1)  # fmt: skip
+    logs = []
+    with caplog.at_level(logging.ERROR, logger="dataecho.shards"):  # quiet: one per skip
+        r = train(cfg, log=logs.append)
+    assert r.skipped_records == 4
+    assert [row["skipped_records"] for row in r.history][-1] == 4
+    assert all(0 <= row["skipped_records"] <= 4 for row in r.history)
+    assert logs[-1].endswith(" | 4 bad record(s) skipped")
+    plain = train(dataclasses.replace(cfg, upstream=None, train_examples=512), log=quiet)
+    assert plain.skipped_records == 0 and plain.history[-1]["skipped_records"] == 0
+
+
+def test_a_resume_continues_the_count_of_skipped_records(
+    data_dir, damaged_shards, tmp_path, caplog
+):
+    # Stopped at step 3 (mid-epoch: the worker's reader has skipped some, the rest after the
+    # resume); the resumed run must count each of the 4 bad records once, none twice.
+    cfg = TrainConfig(upstream=str(damaged_shards), data_dir=data_dir, on_bad_record="skip",
+                      batch_size=64, budget=448, eval_every=192, eval_examples=100,
+                      num_workers=1, checkpoint_dir=tmp_path / "ck", checkpoint_every=3)  # fmt: skip
+    with caplog.at_level(logging.ERROR, logger="dataecho.shards"):
+        first = train(dataclasses.replace(cfg, max_steps=3), log=quiet)
+        rest = train(dataclasses.replace(cfg, resume=True), log=quiet)
+    assert 1 <= first.skipped_records <= 4
+    assert rest.skipped_records == 4 and rest.steps == 7
 
 
 # --- the language model ----------------------------------------------------------------------

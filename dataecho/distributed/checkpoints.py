@@ -11,6 +11,10 @@ count continues.
 With ``checkpoint_on_exit`` a signal adds one at the exchange the ranks agreed to stop after
 (:mod:`dataecho.distributed.signals`), unless one was written there already; none when a
 rank joined that exchange void.
+
+Rank 0 checks the folder before the run starts (it can be created and written to, and has room:
+:func:`dataecho.training.checkpoints.check_folder`); a rank's count of skipped bad records goes
+with its loader state.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ from dataecho.checkpoint import (
 )
 from dataecho.distributed.result import RunCounters
 from dataecho.distributed.signals import void
-from dataecho.training.checkpoints import RESUME_MUST_MATCH
+from dataecho.training.checkpoints import (
+    RESUME_MUST_MATCH,
+    check_folder,
+    resume_skipped,
+    skipped_to_keep,
+)
 
 
 class CheckpointMixin:
@@ -62,6 +71,7 @@ class CheckpointMixin:
         """Write one (every rank calls it: a gather); rank 0 returns its path."""
         t0 = time.perf_counter()
         mine = {"loader": self.loader.state_dict(), "epoch": self.run_.epoch}
+        mine["skipped_records"] = skipped_to_keep(self.loader, mine["loader"])
         if self.averaging is not None:  # local-echo: momentum differs between ranks
             mine["optimizer"] = self.optimizer.state_dict()
         every = self._gather(mine)
@@ -112,6 +122,8 @@ class CheckpointMixin:
 
     def _resume_or_start(self) -> None:
         cfg = self.cfg
+        if self.info.rank == 0:  # the writer; the launcher stops the other ranks if it fails
+            check_folder(cfg, self.model, loaders=self.info.world_size)
         path = checkpoint_to_resume(cfg.checkpoint_dir, cfg.resume)
         if not cfg.resume:
             return
@@ -137,11 +149,16 @@ class CheckpointMixin:
         run = RunCounters(**ckpt["run"])
         if same:
             self.loader.load_state_dict(loaders[rank]["loader"])
+            resume_skipped(self.loader, loaders[rank].get("skipped_records", 0))
             run.epoch = int(loaders[rank]["epoch"])
         else:  # other shares: restart rank 0's epoch (module docstring)
             run.epoch = int(loaders[0]["epoch"])
             self.loader.load_state_dict({"epoch": run.epoch - 1, "seed": self.loader.seed,
                                          "root": None, "stats": self.loader.stats.state_dict()})  # fmt: skip
+            # The restarted epoch is read, and its bad records skipped, again: rank 0 carries
+            # the finished epochs' skips of all ranks.
+            carried = sum(int(r.get("skipped_records", 0)) for r in loaders)
+            resume_skipped(self.loader, carried if rank == 0 else 0)
         torch.set_rng_state(ckpt["rng"]["torch"])
         random.setstate(ckpt["rng"]["python"])
         run.steps = run.global_steps // len(loaders)  # this rank's share of the steps so far

@@ -35,7 +35,7 @@ from dataecho.distributed.signals import StopSignals, stopping, void
 from dataecho.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
 from dataecho.train import make_loader
 from dataecho.training.recipe import better, build_model, evaluate_split, step_loss, torch_threads
-from dataecho.training.record import log_line
+from dataecho.training.record import log_line, skipped_records
 from dataecho.training.schedule import periodic_evaluation
 from dataecho.upstream import build_data
 
@@ -207,6 +207,7 @@ class _Rank(CheckpointMixin):
             "allreduce_calls": self.stats.allreduce_calls,
             "allreduce_bytes": self.stats.allreduce_bytes,
             "comm_seconds": self.stats.comm_seconds,
+            "skipped_records": skipped_records(self.loader),  # rank 0's, as the counters above
         }  # fmt: skip
         self.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
         run.loss_sum, run.loss_count = 0.0, 0
@@ -232,7 +233,8 @@ class _Rank(CheckpointMixin):
     def _counters(self) -> dict[str, float]:
         s = self.loader.stats
         return {"rank": self.info.rank, **self.stats.as_dict(), "fresh_examples": s.fresh_examples,
-                "echoed_examples": s.echoed_examples, "steps": self.run_.steps}  # fmt: skip
+                "echoed_examples": s.echoed_examples, "steps": self.run_.steps,
+                "skipped_records": skipped_records(self.loader)}  # fmt: skip
 
     def _evaluate_final(self) -> tuple:
         if self.info.rank != 0:
@@ -254,6 +256,7 @@ class _Rank(CheckpointMixin):
             steps_to_target=None if steps_t is None else int(steps_t),
             seconds_to_target=seconds_t, history=self.history, losses=self.losses,
             sync=cfg.sync, world_size=self.info.world_size, rank=self.info.rank, ranks=ranks,
+            skipped_records=sum(int(r["skipped_records"]) for r in ranks),
         )  # fmt: skip
 
 

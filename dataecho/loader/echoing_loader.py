@@ -71,6 +71,7 @@ class _WorkersNode(BaseNode[Any]):
         # Only worker processes send small batches as pickled arrays (loader/transport.py).
         self._piped = loader.num_workers > 0 and pipeline.pipe_small_batches
         self._it: Iterator[Any] | None = None
+        self._stop: weakref.finalize | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -78,6 +79,12 @@ class _WorkersNode(BaseNode[Any]):
         if initial_state is not None:
             self._loader.load_state_dict(initial_state)
         self._it = iter(self._loader)
+        # Collected as garbage (inside a cycle of the user's objects), the iterator's queues
+        # would stop their feeder threads before any __del__ ran, and the workers would wait
+        # 5 s each for a stop message never sent: the finalizer holds the iterator, so its
+        # queues are alive when it shuts the workers down.
+        self._stop = weakref.finalize(self, _shutdown_workers, self._it)
+        self._stop.atexit = False
         self.pending.clear()  # a resume re-reads what was read ahead but not handed out
 
     def next(self) -> Any:
@@ -99,11 +106,16 @@ class _WorkersNode(BaseNode[Any]):
         return self._loader.state_dict()
 
     def close(self) -> None:
-        shutdown = getattr(self._it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        if self._stop is not None:
+            self._stop()
         self._it = None
         self._pipeline.close_iterators()
+
+
+def _shutdown_workers(it: Any) -> None:
+    shutdown = getattr(it, "_shutdown_workers", None)  # DataLoader's own, for worker processes
+    if shutdown is not None:
+        shutdown()
 
 
 class EchoingDataLoader:
@@ -266,7 +278,6 @@ class EchoingDataLoader:
         self._current: weakref.ref[_EpochIterator] | None = None
         self._dropped: dict[str, Any] | None = None  # the position of a dropped iterator
         self._resume: dict[str, Any] | None = None
-        self._dataset_state: Any = None  # a between-epochs state's dataset state, to restore
 
     @property
     def epoch(self) -> int:
@@ -306,9 +317,6 @@ class EchoingDataLoader:
         resume, self._resume = self._resume, None
         if resume is None:
             self._epoch += 1
-        if self._dataset_state is not None:
-            self.dataset.load_state_dict(self._dataset_state)
-            self._dataset_state = None
         self._prepare_epoch(resume)
         root, workers, reader = self._build_root()
         root.reset(resume["root"] if resume else None)
@@ -378,7 +386,9 @@ class EchoingDataLoader:
         self.stats.load_state_dict(state["stats"])
         self._epoch = int(state["epoch"])
         self._resume = state if state["root"] is not None else None
-        self._dataset_state = state.get("dataset")
+        if state.get("dataset") is not None:
+            # Restored now, before iter(), so that a call made between (a set_epoch) applies.
+            self.dataset.load_state_dict(state["dataset"])
 
     def close(self) -> None:
         """Stop the current epoch's workers now (also done at the end of each epoch)."""

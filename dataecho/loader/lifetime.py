@@ -1,10 +1,20 @@
-"""Loader workers end with the training process, even when it is killed with SIGKILL.
+"""Loader workers live as long as the training process: no shorter, and no longer after SIGKILL.
 
 A DataLoader worker notices a dead parent only at its next poll, and one blocked writing a
-batch into a full pipe that nobody drains never gets there: after ``kill -9`` of a training
-run such workers were seen alive, parented to PID 1, 8 minutes later. On Linux each worker
-asks the kernel for SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)``), the same
-guard :class:`dataecho.sources.nginx.NginxServer` gives its nginx.
+batch into a full pipe that nobody drains, or sleeping in a slow ``__getitem__``, never gets
+there: after ``kill -9`` of a training run such workers were seen alive, parented to PID 1,
+8 minutes later. So each worker guards itself in two ways:
+
+- A daemon thread polls ``os.getppid()`` every :data:`POLL_SECONDS` and ends the worker with
+  ``os._exit`` once the parent process is gone (the worker is then re-parented). It runs while
+  the worker's other threads block, since they block with the GIL released.
+- On Linux, a worker forked by the parent's main thread also asks the kernel for SIGKILL when
+  its parent dies (``prctl(PR_SET_PDEATHSIG)``): that stops even a worker stuck in C code that
+  holds the GIL, where the thread cannot run. The kernel sends this signal when the *thread*
+  that forked the worker exits, not the process, so a worker started from any other thread
+  (an iterator created on a thread that then ends) would be killed mid-epoch: those rely on
+  the polling thread alone, as do spawned workers. An at-fork hook records, in the forking
+  thread, which thread it is and the parent's pid, so the worker can tell.
 """
 
 from __future__ import annotations
@@ -13,23 +23,49 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+# How often a worker checks its parent: a dead parent's workers are gone within this.
+POLL_SECONDS = 0.1
+
+# Set in the forking thread just before each os.fork(); a forked child's one thread keeps
+# the values (a spawned worker, a fresh interpreter, has none).
+_fork = threading.local()
+
+
+def _before_fork() -> None:
+    _fork.parent = os.getpid()
+    _fork.from_main_thread = threading.current_thread() is threading.main_thread()
+
+
+os.register_at_fork(before=_before_fork)
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_SECONDS)
+    os._exit(1)  # no cleanup: it could block on a pipe that nobody reads any more
 
 
 class DieWithParent:
-    """A ``worker_init_fn``: set the parent-death signal, then run the user's own, if any."""
+    """A ``worker_init_fn``: make the worker end with its parent, then run the user's own."""
 
     def __init__(self, user_fn: Callable[[int], Any] | None = None) -> None:
         self.user_fn = user_fn
 
     def __call__(self, worker_id: int) -> None:
-        if sys.platform == "linux":
+        parent = getattr(_fork, "parent", None) or os.getppid()
+        if sys.platform == "linux" and getattr(_fork, "from_main_thread", False):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() == 1:  # orphaned already: the parent died before the signal was set
-                os._exit(1)
+        if os.getppid() != parent:  # the parent died before the guards were set
+            os._exit(1)
+        threading.Thread(
+            target=_watch, args=(parent,), name="dataecho-parent-watch", daemon=True
+        ).start()
         if self.user_fn is not None:
             self.user_fn(worker_id)

@@ -17,7 +17,9 @@ make the sample ``{"__key__": "00000042", "png": ..., "cls": ...}``). A shard th
 the manifest's count (a truncated or damaged tar: Python's tar reader takes a broken header
 for the end of the archive) is a bad record, like one that fails to decode; ``on_bad_record``
 says what happens: "raise" (:class:`BadRecordError`, naming the shard, the record and the fix)
-or "skip" (counted in ``skipped``, the records a shard lost included, and logged).
+or "skip" (counted in ``skipped``, the records a shard lost included, logged, and reported to
+``on_skip``: :class:`~dataecho.sources.shards.ShardDataset` adds them up over its passes and
+workers, so that a run can report them).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class ShardReader:
         on_bad_record: "raise" or "skip" (module docstring).
         retry_seconds: how long HTTP faults are retried before :class:`ShardReadError`.
         timeout_s: seconds without a byte from an HTTP server before it counts as a fault.
+        on_skip: called with this reader after each skip (``skipped`` already counts it).
     """
 
     def __init__(
@@ -71,8 +74,10 @@ class ShardReader:
         on_bad_record: str = "raise",
         retry_seconds: float = 60.0,
         timeout_s: float = 30.0,
+        on_skip: Callable[[ShardReader], None] | None = None,
     ) -> None:
         self.urls, self.counts, self.decode = urls, counts, decode
+        self.on_skip = on_skip
         self.on_bad_record = on_bad_record
         self.timeout_s = timeout_s
         self.epoch, self.reader, self.readers = epoch, reader, readers
@@ -179,6 +184,8 @@ class ShardReader:
         self.skipped += lost
         log.warning("skipped bad record in %s%s (%d skipped by this reader in epoch %d)",
                     what, reason, self.skipped, self.epoch)  # fmt: skip
+        if self.on_skip is not None:
+            self.on_skip(self)
 
 
 def _records(stream: BinaryIO, url: str) -> Iterator[dict[str, Any]]:

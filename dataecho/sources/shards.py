@@ -13,11 +13,14 @@ Reading: :class:`ShardDataset` streams shards from a local folder, an ``http://`
 DataLoader worker a disjoint subset of the shards (as ``webdataset``'s ``split_by_node`` and
 ``split_by_worker`` do), so every example is read once per epoch across all workers; it keeps
 its position as explicit state (exact resume), retries HTTP faults and applies the
-``on_bad_record`` policy.
+``on_bad_record`` policy. Records skipped under ``on_bad_record="skip"`` are added up over
+every pass and every DataLoader worker in :attr:`ShardDataset.skipped_total`, which the
+training process reads (the workers count in shared memory).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -47,6 +50,7 @@ SAMPLES = {
     "tokens": {"npy": "1-D integer token array, numpy .npy"},
 }
 TOKEN_DTYPES = ("uint8", "int16", "uint16", "int32", "int64")
+SKIP_SLOTS = 1024  # DataLoader workers per process whose skipped records are counted
 
 
 def write_image_shards(
@@ -146,7 +150,8 @@ class ShardDataset(IterableDataset):
         manifest: the manifest (default: :func:`load_manifest` of ``base``).
         shuffle_shards: read shards in a seeded order that changes with :meth:`set_epoch`.
         seed: the shard-order seed.
-        on_bad_record: "raise" (default) or "skip" (counted in :attr:`skipped`, logged).
+        on_bad_record: "raise" (default) or "skip" (counted in :attr:`skipped` and
+            :attr:`skipped_total`, logged).
         retry_seconds: how long HTTP faults (server down, stalled, connection dropped) are
             retried, with backoff, before an error naming the shard and record.
         timeout_s: seconds without a byte from an HTTP server before it counts as stalled.
@@ -175,6 +180,8 @@ class ShardDataset(IterableDataset):
         self.epoch = 0
         self._reader: ShardReader | None = None  # the latest pass in this process
         self._resume: dict[str, Any] | None = None  # loaded, for the next iter()
+        # Nothing is skipped under "raise": only "skip" needs the shared counts.
+        self._tally = _SkipTally() if self.on_bad_record == "skip" else None
 
     @property
     def num_examples(self) -> int:
@@ -191,9 +198,42 @@ class ShardDataset(IterableDataset):
         """Bad records skipped by the latest pass in this process (one worker's, with workers)."""
         return self._reader.skipped if self._reader is not None else 0
 
+    @property
+    def skipped_total(self) -> int:
+        """Bad records skipped so far by every pass of this dataset, in this process and in
+        its DataLoader workers (as they read: a worker reading ahead counts before its
+        batches are trained on), plus those a resume carried over (:meth:`resume_skipped`)."""
+        return 0 if self._tally is None else self._tally.total()
+
+    def skipped_checkpoint(self, *, mid_pass: bool) -> int:
+        """What a checkpoint keeps of :attr:`skipped_total`, for :meth:`resume_skipped`.
+
+        ``mid_pass``: the checkpoint's loader state continues the passes under way. Their
+        readers then start again from the skip counts in their own positions and count up to
+        the checkpoint's as they replay, so only finished passes are kept here; otherwise the
+        current passes' counts are kept too.
+        """
+        return 0 if self._tally is None else self._tally.finished(current=not mid_pass)
+
+    def resume_skipped(self, count: int) -> None:
+        """Continue :attr:`skipped_total` from a checkpoint's :meth:`skipped_checkpoint`."""
+        count = _validate.non_negative_int(count, name="skipped records")
+        if self._tally is not None:
+            self._tally.carried = count
+
     def set_epoch(self, epoch: int) -> None:
         """Pick the epoch's shard order (with ``shuffle_shards``); call before iterating."""
-        self.epoch = _validate.non_negative_int(epoch, name="epoch")
+        epoch = _validate.non_negative_int(epoch, name="epoch")
+        if epoch != self.epoch and self._tally is not None:
+            # Between epochs no reader runs, so every pass so far is finished. Counted as
+            # finished here rather than only as each worker's next pass starts, a checkpoint
+            # taken before a slow worker has started keeps that worker's last-epoch skips too.
+            self._tally.finish_passes()
+        if self._resume is not None and self._resume["epoch"] != epoch:
+            # A loaded position belongs to its own epoch (a state saved at a pass's end, say):
+            # another epoch starts from its beginning.
+            self._resume = None
+        self.epoch = epoch
 
     def shard_order(self, epoch: int | None = None) -> list[str]:
         """This epoch's shard URLs, before the split: identical in every worker and rank."""
@@ -222,6 +262,14 @@ class ShardDataset(IterableDataset):
             )
         epoch = self.epoch if state is None else int(state["epoch"])
         mine = self._order(epoch)[rank::world][worker::workers]  # as split_by_node/_worker
+        if self._tally is not None:
+            if worker >= SKIP_SLOTS:
+                raise ValueError(
+                    f"on_bad_record='skip' counts skipped records for up to {SKIP_SLOTS} "
+                    f"DataLoader workers, but this is worker {worker} of {workers}; use fewer "
+                    "workers (num_workers)"
+                )
+            self._tally.start_pass(worker, None if state is None else int(state["skipped"]))
         if self._reader is not None:
             self._reader.close()
         self._reader = ShardReader(
@@ -235,8 +283,14 @@ class ShardDataset(IterableDataset):
             on_bad_record=self.on_bad_record,
             retry_seconds=self.retry_seconds,
             timeout_s=self.timeout_s,
+            on_skip=None if self._tally is None else functools.partial(self._count_skip, worker),
         )
         return self._reader
+
+    def _count_skip(self, worker: int, reader: ShardReader) -> None:
+        # A replaced pass may still be read on by a read-ahead thread: only the latest counts.
+        if reader is self._reader and self._tally is not None:
+            self._tally.count(worker, reader.skipped)
 
     def state_dict(self) -> dict[str, int]:
         """The position of the latest pass (or the loaded one not yet iterated); plain ints."""
@@ -262,6 +316,42 @@ class ShardDataset(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled into each DataLoader worker: an open pass (files, sockets) stays here.
         return {**self.__dict__, "_reader": None}
+
+
+class _SkipTally:
+    """Bad records skipped by one dataset's readers, per DataLoader worker, in shared memory.
+
+    Each worker writes only its own slot (worker 0 is the process itself without workers):
+    ``[finished, current]``, the skips of its finished passes and of the pass under way. The
+    workers are forked or spawned with the dataset, and the memory is shared with them, so the
+    training process reads every worker's counts as they change, without asking the workers.
+    """
+
+    def __init__(self) -> None:
+        self.counts = torch.zeros((SKIP_SLOTS, 2), dtype=torch.int64).share_memory_()
+        self.carried = 0  # from a checkpoint (this process's slots start at zero)
+
+    def start_pass(self, slot: int, resumed: int | None) -> None:
+        """A pass begins in ``slot``: a new one (``resumed`` None) or one continued from a
+        position whose reader had skipped ``resumed`` records (that pass's count so far)."""
+        row = self.counts[slot]
+        if resumed is None:
+            row[0] += row[1]
+        row[1] = 0 if resumed is None else resumed
+
+    def count(self, slot: int, skipped: int) -> None:
+        self.counts[slot, 1] = skipped
+
+    def finish_passes(self) -> None:
+        self.counts[:, 0] += self.counts[:, 1]
+        self.counts[:, 1] = 0
+
+    def finished(self, *, current: bool) -> int:
+        counts = self.counts if current else self.counts[:, 0]
+        return self.carried + int(counts.sum())
+
+    def total(self) -> int:
+        return self.finished(current=True)
 
 
 def _seconds(value: object, name: str, *, zero_ok: bool) -> float:

@@ -19,7 +19,8 @@ class TrainResult:
     """What one run cost and reached. ``history`` has one row per evaluation with the keys
     fresh, steps, seconds (wall since the start), accuracy (cnn) or val_loss (char-lm),
     train_loss, realized_factor and stall (the last three over the interval since the row
-    before)."""
+    before), and skipped_records (bad shard records skipped so far, with
+    ``on_bad_record="skip"``)."""
 
     config: TrainConfig
     test_accuracy: float | None  # cnn: whole test set, at the end (None for char-lm)
@@ -39,6 +40,7 @@ class TrainResult:
     seconds_to_target: float | None = None
     history: list[dict[str, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # training loss of every step
+    skipped_records: int = 0  # bad shard records skipped (on_bad_record="skip"), all workers
 
     @property
     def stall_fraction(self) -> float:
@@ -104,6 +106,7 @@ def history_row(
         "step_seconds": run.step_seconds,
         "eval_seconds": run.eval_seconds,
         "screened": screened,  # 1: only the cheap screen ran (see periodic_evaluation)
+        "skipped_records": skipped_records(loader),
     }
     run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
     run.loss_sum, run.loss_count = 0.0, 0
@@ -113,10 +116,12 @@ def history_row(
 def log_line(cfg: TrainConfig, row: dict[str, float]) -> str:
     metric = (f"test acc {row['accuracy']:.4f}" if cfg.workload == "cnn"
               else f"val loss {row['val_loss']:.3f}")  # fmt: skip
+    skipped = row.get("skipped_records", 0)
     return (
         f"[{cfg.name}] step {row['steps']:6,d} | fresh {row['fresh']:8,d} | "
         f"echo {row['realized_factor']:4.2f}x | stall {row['stall']:4.0%} | "
         f"loss {row['train_loss']:.3f} | {metric} | {row['seconds']:6.1f} s"
+        + (f" | {skipped:,} bad record(s) skipped" if skipped else "")
     )
 
 
@@ -146,7 +151,14 @@ def train_result(
         seconds_to_target=seconds_t,
         history=history,
         losses=losses,
+        skipped_records=skipped_records(loader),
     )
+
+
+def skipped_records(loader: EchoingDataLoader) -> int:
+    """Bad records the loader's dataset skipped so far (``ShardDataset.skipped_total``, every
+    worker's); 0 for a dataset that skips nothing."""
+    return int(getattr(loader.dataset, "skipped_total", 0))
 
 
 def dataset_size(data: Data) -> str:
