@@ -178,7 +178,9 @@ def test_an_iterable_hf_dataset_resumes_mid_epoch_without_loss(num_workers, k):
     ds = stream()
     resumed = stream_loader(ds, num_workers)
     resumed.load_state_dict(state)
-    start = resumed.epoch + (k == "end")  # the epoch the next iter() runs
+    # The epoch the next iter() runs: the saved one mid-epoch; the one after it when the state
+    # was saved between epochs (before the first next(), no epoch had started).
+    start = resumed.epoch + (k in (0, "end"))
     epochs = []
     for epoch in range(start, 2):
         ds.set_epoch(epoch)

@@ -36,6 +36,7 @@ from dataecho.loader.pipeline import (
     PipelineDataset,
     close_chain,
     echo_stage,
+    is_map_style,
     unwrap_identity,
 )
 from dataecho.loader.reading import data_parallel_rank
@@ -292,39 +293,68 @@ class EchoingDataLoader:
 
     @property
     def _iterator(self) -> _EpochIterator | None:
+        """The epoch's iterator, if it is still referenced."""
         return self._current() if self._current is not None else None
+
+    @_iterator.setter
+    def _iterator(self, value: None) -> None:
+        # Frameworks reset DataLoader._iterator to None to stop its workers (Lightning, at the
+        # end of fit): stop them, and keep the epoch's position for state_dict().
+        if value is not None:
+            raise ValueError("EchoingDataLoader._iterator can only be reset to None")
+        it = self._iterator
+        if it is not None:
+            if it.started and not it.finished:
+                self._dropped = it.root.state_dict()
+            it.supersede()
+        self._current = None
 
     def _live_position(self) -> dict[str, Any] | None:
         """The root state of the epoch in progress (live or dropped mid-epoch), else None."""
         it = self._iterator
-        if it is not None:
+        if it is not None and it.started:
             return None if it.finished else it.root.state_dict()
         return self._dropped
 
     def _upcoming_epoch(self) -> int:
         """The epoch being iterated (or resumed), else the one the next ``iter()`` starts."""
         it = self._iterator
-        live = it is not None and not it.finished
+        live = it is not None and it.started and not it.finished
         return self._epoch if live or self._resume is not None else self._epoch + 1
 
     def _keep_dropped(self, root_state: dict[str, Any]) -> None:
         self._dropped = root_state
 
     def __iter__(self) -> Iterator[Any]:
+        """An iterator over the next epoch (or the resumed one). The epoch starts at its first
+        ``next()``: an iterator made and dropped unused (as frameworks do to check that a loader
+        is iterable) starts no workers and uses up no epoch."""
         if self._iterator is not None:
             self._iterator.supersede()
-        self._current, self._dropped = None, None
+        it = _EpochIterator(self.stats, self._start_epoch, _WeakCall(self, "_keep_dropped"))
+        self._current = weakref.ref(it)
+        return it
+
+    def _start_epoch(self) -> tuple[BaseNode[Any], _WorkersNode, Any, list[Any]]:
+        """Start the epoch: its chain, workers node, adaptive reader, and a first batch already
+        taken (a resumed epoch's, or none)."""
+        self._dropped = None
         resume, self._resume = self._resume, None
         if resume is None:
             self._epoch += 1
         self._prepare_epoch(resume)
         root, workers, reader = self._build_root()
         root.reset(resume["root"] if resume else None)
-        it = _EpochIterator(
-            self.stats, root, workers, reader, on_drop=_WeakCall(self, "_keep_dropped")
-        )
-        self._current = weakref.ref(it)
-        return it
+        if resume is None:
+            return root, workers, reader, []
+        try:
+            return root, workers, reader, [next(root)]
+        except StopIteration:
+            # Resumed after the epoch's last batch (a framework that stops at len(loader) never
+            # sees the end): the rest is empty, so go on with the next epoch, as
+            # torchdata.nodes.Loader does.
+            close_chain(root)
+            return self._start_epoch()
 
     def _prepare_epoch(self, resume: dict[str, Any] | None) -> None:
         """Hand the pipeline this epoch's seed, rank and (with a sampler) read order."""
@@ -375,7 +405,10 @@ class EchoingDataLoader:
         }
         if live and self._pipeline.indices is not None:
             state["indices"] = torch.from_numpy(self._pipeline.indices.copy())
-        if not live and _stateful(self.dataset):
+        if not live and _stateful(self.dataset) and is_map_style(self.dataset):
+            # Between epochs, a map-style dataset's own state (a cache, counters) is kept. An
+            # iterable one's is a position in the pass just finished, which would make the
+            # next pass empty: its next iter() starts anew, as without a checkpoint.
             state["dataset"] = self.dataset.state_dict()
         return state
 
@@ -483,28 +516,33 @@ def _check_dataloader_arguments(
 class _EpochIterator:
     """One epoch's iterator: times the consumer's waits and counts what it hands out.
 
-    It holds no reference to its loader, so dropping the loader (or this iterator, once the
-    loader is gone) stops the workers at once. ``on_drop`` receives the position of an
-    iterator dropped mid-epoch, so the loader's ``state_dict()`` still holds it.
+    ``start`` (the loader's) starts the epoch at the first ``next()``; after that it holds no
+    reference to its loader, so dropping the loader (or this iterator, once the loader is gone)
+    stops the workers at once. ``on_drop`` receives the position of an iterator dropped
+    mid-epoch, so the loader's ``state_dict()`` still holds it.
     """
 
     def __init__(
         self,
         stats: EchoStats,
-        root: BaseNode[Any],
-        workers: _WorkersNode,
-        reader: Any,
+        start: Callable[[], tuple[BaseNode[Any], _WorkersNode, Any, list[Any]]],
         on_drop: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.stats = stats
-        self.root = root
+        self.root: BaseNode[Any] | None = None
         self.finished = False
         self.superseded = False
-        self._workers = workers
-        self._reader = reader  # the adaptive stage whose fresh emissions settle the counts
-        self._settled = reader.stats.fresh_examples if reader is not None else 0
+        self._start: Callable[[], Any] | None = start
+        self._first: list[Any] = []
+        self._workers: _WorkersNode | None = None
+        self._reader: Any = None  # the adaptive stage whose fresh emissions settle the counts
+        self._settled = 0
         self._on_drop = on_drop
         self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self.root is not None
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -521,7 +559,12 @@ class _EpochIterator:
         stats = self.stats
         start = time.perf_counter()
         try:
-            batch = next(self.root)
+            if self._start is not None:
+                begin, self._start = self._start, None
+                self.root, self._workers, self._reader, self._first = begin()
+                if self._reader is not None:
+                    self._settled = self._reader.stats.fresh_examples
+            batch = self._first.pop() if self._first else next(self.root)
         except StopIteration:
             self.finished = True
             self.close()
@@ -550,13 +593,14 @@ class _EpochIterator:
     def close(self) -> None:
         # Once only: the pipeline object is shared by the loader's epochs, and a late second
         # close (from garbage collection) must not reach a newer epoch's pipeline.
-        if not self._closed:
+        self._start = None
+        if not self._closed and self.root is not None:
             self._closed = True
             close_chain(self.root)
 
     def __del__(self) -> None:
         try:
-            if self._on_drop is not None and not self.finished:
+            if self._on_drop is not None and self.started and not self.finished:
                 self._on_drop(self.root.state_dict())
             self.close()
         except Exception:  # interpreter shutdown: nothing left to clean
