@@ -226,8 +226,10 @@ def test_resume_at_every_position(where, num_workers):
         restore=lambda loader, state: loader.load_state_dict(state),
         new_epoch=lambda loader: None,
         summary=lambda loader: (loader.stats.fresh_examples, loader.stats.examples_out),
+        # A state taken after an epoch's last batch resumes into the next epoch.
+        end_may_start_next_epoch=True,
     )
-    assert all(len(epoch) >= 6 for epoch in recorded)
+    assert all(len(epoch) >= 5 for epoch in recorded)  # 5 fresh batches at least
 
 
 @pytest.mark.timeout(120)
