@@ -13,27 +13,27 @@ import sys
 BENCHMARKS = {
     "adaptive": (
         "benchmarks.adaptive",
-        "adaptive echoing (issue 3): no echo vs fixed e vs auto at R = 1, 2, 4, 8",
+        "adaptive echoing: no echo vs fixed e vs auto at R = 1, 2, 4, 8",
     ),
     "distributed": (
         "benchmarks.distributed",
-        "data-parallel echoing (issue 6): ddp vs local-echo on 2 ranks, e = 1, 2, 4",
+        "data-parallel echoing: ddp vs local-echo on 2 ranks, e = 1, 2, 4",
     ),
     "peers": (
         "benchmarks.peers",
-        "dataecho vs DataLoader, MONAI ThreadDataLoader and adjacent repeats (issue 7)",
+        "dataecho vs DataLoader, MONAI ThreadDataLoader and adjacent repeats",
     ),
     "read_ahead": (
         "benchmarks.read_ahead",
-        "the loader's read-ahead on vs off, fixed e, latency-bound and paced upstreams (issue 7)",
+        "the loader's read-ahead on vs off, fixed e, latency-bound and paced upstreams",
     ),
     "augmentation": (
         "benchmarks.augmentation",
-        "the main job (issue 4): fresh examples to 85% per augmentation shift, e=1 vs e=4",
+        "the main job: fresh examples to 85% per augmentation shift, e=1 vs e=4",
     ),
     "memory": (
         "benchmarks.memory",
-        "bounded memory (issue 8): RSS of a 30-minute stream through nginx, e=4, 1 worker",
+        "bounded memory: RSS of a 30-minute stream through nginx, e=4, 1 worker",
     ),
 }
 

@@ -1,4 +1,4 @@
-"""Adaptive echoing (issue 3): no echo, fixed e and ``echo_factor="auto"`` side by side.
+"""Adaptive echoing: no echo, fixed e and ``echo_factor="auto"`` side by side.
 
     python -m benchmarks adaptive            # ~7.5 minutes; writes docs/benchmarks.md
     python -m benchmarks adaptive --quick    # ~1 minute; prints only
@@ -24,7 +24,7 @@ from benchmarks import common
 from dataecho import EchoingDataLoader
 from dataecho.workloads.augment import Augment
 
-HEADING = "Adaptive echoing (issue 3)"
+HEADING = "Adaptive echoing"
 TARGETS = {"efficiency": 0.95, "stall": 0.02, "fresh": 0.98, "factor": 0.10}
 
 
@@ -288,7 +288,7 @@ step's thread in it (lower than step ms: the thread was preempted or waited for 
 *efficiency* = steps/s / (min(e, R) x steps/s of "no echo"), e = max_echo_factor for auto;
 *eff. seen* = steps/s / min(e / t_up, 1 / step time of this case): echoing's own overhead,
 without the step's slowdown; *worker cpu %* = CPU of the loader worker process / wall time
-(100 = one core); *spread %* = (max - min) / mean of the per-round steps/s. Targets (issue 3):
+(100 = one core); *spread %* = (max - min) / mean of the per-round steps/s. Targets:
 fixed e efficiency >= {TARGETS["efficiency"]}; auto stall <= {100 * TARGETS["stall"]:g}%,
 fresh / upstream >= {TARGETS["fresh"]}, realized e within {100 * TARGETS["factor"]:g}% of
 min(R, max_echo_factor).

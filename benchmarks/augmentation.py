@@ -1,4 +1,4 @@
-"""How much of echoing's fresh-example saving is the augmentation's (issue 4)?
+"""How much of echoing's fresh-example saving is the augmentation's?
 
     python -m benchmarks augmentation                       # pads 0-3, seeds 0-2: ~35 min
     python -m benchmarks augmentation --pads 2 --seeds 0    # one cell, ~2 min

@@ -1,4 +1,4 @@
-"""Data-parallel echoing (issue 6): ddp vs local-echo on 2 ranks, Fashion-MNIST CNN, e = 1, 2, 4.
+"""Data-parallel echoing: ddp vs local-echo on 2 ranks, Fashion-MNIST CNN, e = 1, 2, 4.
 
     python -m benchmarks distributed            # 2 ranks, 12,000 fresh examples per run
     python -m benchmarks distributed --quick    # 2,560 fresh examples, e = 1, 4

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Slow-link emulation for the distributed benchmark (issue 6): two network namespaces joined
+# Slow-link emulation for the distributed benchmark: two network namespaces joined
 # by a veth pair rate-limited with tc tbf (this kernel has no netem: no added latency), one
 # torchrun "node" (1 rank) in each: the multi-node torchrun path, over a link of RATE each way.
 # Needs root (CAP_NET_ADMIN).

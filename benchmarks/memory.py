@@ -1,4 +1,4 @@
-"""Bounded memory over a long run (issue 8): does RSS stay flat once the stream is warm?
+"""Bounded memory over a long run: does RSS stay flat once the stream is warm?
 
     nice -n 19 python -m benchmarks memory --minutes 30    # writes bench-results/memory/
     python -m benchmarks memory --minutes 0.2 --warmup-minutes 0.05 --examples 1024   # smoke

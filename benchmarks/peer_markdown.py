@@ -28,7 +28,7 @@ from benchmarks.peer_report import (
 def _head(result: dict, command: str) -> str:
     s, m = result["settings"], result["machine"]
     return f"""\
-# dataecho vs peers (issue 7)
+# dataecho vs peers
 
 Command: `{command}` ({m["date"]}).
 Machine: {m["cpu"]}; torch {m["torch"]}, Python {m["python"]}; {result["threads"]}.

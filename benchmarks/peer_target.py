@@ -1,6 +1,6 @@
 """Wall time to a target accuracy (section 6 of ``python -m benchmarks peers``).
 
-Issue 7's second target: "``auto`` reaches the best fixed e's wall time to target without
+The second target: "``auto`` reaches the best fixed e's wall time to target without
 being told R". Every case trains a fresh SmallCNN (SGD, ``target_lr``, momentum 0.9) from the
 same throttled upstream as section 2 (R x t_down per batch of 128) until a test accuracy of
 ``target_accuracy`` on a fixed subset of ``target_eval_examples`` test images, evaluated every

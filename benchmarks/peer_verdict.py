@@ -1,4 +1,4 @@
-"""Target (i) of issue 7, "dataecho is never slower than the fastest peer at equal e", judged
+"""Target (i) of the peers benchmark, "dataecho is never slower than the fastest peer at equal e", judged
 from section 2 of ``python -m benchmarks peers`` by paired rounds.
 
 Three comparisons per R (e = R), each dataecho loader against a peer in the same run:

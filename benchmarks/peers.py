@@ -1,4 +1,4 @@
-"""dataecho against its peers (issue 7), side by side, interleaved, on one upstream and model.
+"""dataecho against its peers, side by side, interleaved, on one upstream and model.
 
     python -m benchmarks peers                  # ~30 minutes; writes bench-results/peers/
     python -m benchmarks peers --quick          # ~4 minutes; a few seconds per case
