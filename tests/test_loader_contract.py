@@ -26,7 +26,7 @@ from torch.utils.data import (
 )
 
 from dataecho import EchoingDataLoader
-from dataecho.loader.length import MAX_PREFETCH
+from dataecho.loader.options import MAX_PREFETCH
 
 WHERES = ("before_augment", "after_augment", "batch")
 

@@ -15,7 +15,6 @@ batch echoing runs in the main process on the batches the workers deliver.
 from __future__ import annotations
 
 import collections
-import math
 import time
 import warnings
 import weakref
@@ -24,22 +23,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, Sampler, default_collate
+from torch.utils.data import Sampler, default_collate
 from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
-from dataecho.loader.length import MAIN_PROCESS, MAX_PREFETCH, epoch_batches
+from dataecho.loader.length import epoch_batches
 from dataecho.loader.lifetime import DieWithParent
-from dataecho.loader.options import LoaderOptions
+from dataecho.loader.options import LoaderOptions, default_prefetch
 from dataecho.loader.pipeline import (
+    MAIN_PROCESS,
     PipelineDataset,
     close_chain,
     echo_stage,
     is_map_style,
     unwrap_identity,
 )
-from dataecho.loader.reading import data_parallel_rank
+from dataecho.loader.reading import data_parallel_rank, is_stateful
 from dataecho.loader.snapshots import snapshot_interval
 from dataecho.loader.transport import from_wire
 from dataecho.stages import EchoStats, Shuffle
@@ -305,7 +305,7 @@ class EchoingDataLoader:
         it = self._iterator
         if it is not None:
             if it.started and not it.finished:
-                self._dropped = it.root.state_dict()
+                self._keep_dropped(it.root.state_dict())
             it.supersede()
         self._current = None
 
@@ -405,7 +405,7 @@ class EchoingDataLoader:
         }
         if live and self._pipeline.indices is not None:
             state["indices"] = torch.from_numpy(self._pipeline.indices.copy())
-        if not live and _stateful(self.dataset) and is_map_style(self.dataset):
+        if not live and is_stateful(self.dataset) and is_map_style(self.dataset):
             # Between epochs, a map-style dataset's own state (a cache, counters) is kept. An
             # iterable one's is a position in the pass just finished, which would make the
             # next pass empty: its next iter() starts anew, as without a checkpoint.
@@ -436,21 +436,6 @@ class EchoingDataLoader:
         self.close()
 
 
-def default_prefetch(opts: LoaderOptions) -> int:
-    """Batches each worker keeps in flight by default (DataLoader's is 2).
-
-    The queue holds *emitted* batches: with example echoing each fresh batch leaves as e of
-    them, so e times the default depth keeps as much fresh data in flight as without echoing.
-    Otherwise a pause of the training loop (an evaluation, a checkpoint) fills the queue with
-    copies at once and the upstream stops reading, so the pause costs the echoed run upstream
-    time that a run without echoing hides. Capped, since a huge factor would hold that many
-    batches in memory.
-    """
-    if opts.where == "batch" or opts.adaptive:
-        return 2
-    return min(2 * math.ceil(opts.echo_factor), MAX_PREFETCH)
-
-
 class _WeakCall:
     """``obj.method(*args)`` while ``obj`` lives; nothing after (no reference cycle)."""
 
@@ -461,12 +446,6 @@ class _WeakCall:
         obj = self._ref()
         if obj is not None:
             getattr(obj, self._method)(*args)
-
-
-def _stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
 
 
 def _check_dataloader_arguments(
@@ -494,7 +473,7 @@ def _check_dataloader_arguments(
             "persistent_workers=True is not supported by EchoingDataLoader: each epoch's "
             "workers carry that epoch's order and seeds; drop the persistent_workers argument"
         )
-    iterable = isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
+    iterable = not is_map_style(dataset)
     if iterable and shuffle:
         raise ValueError(
             f"shuffle={shuffle!r} with an iterable dataset ({type(dataset).__name__}): an "

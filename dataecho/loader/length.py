@@ -14,17 +14,12 @@ import math
 import random
 from typing import Any
 
+import numpy as np
+
 from dataecho.loader.options import LoaderOptions
-from dataecho.loader.pipeline import is_map_style
-from dataecho.loader.reading import data_parallel_rank
+from dataecho.loader.pipeline import MAIN_PROCESS, is_map_style
+from dataecho.loader.reading import data_parallel_rank, reader_share
 from dataecho.stages.seeds import STAGE_ECHO, derive_seed
-
-# The most batches a worker keeps in flight by default: a huge echo factor would otherwise
-# ask for that many times DataLoader's depth, all held in memory.
-MAX_PREFETCH = 32
-
-# The main process's key among the worker ids (batch echoing runs there).
-MAIN_PROCESS = 1 << 20
 
 
 def _copies(items: int, opts: LoaderOptions, stage_seed: int) -> int:
@@ -60,10 +55,13 @@ def _shares(loader: Any) -> list[int]:
         n = len(loader.sampler)
         return [len(range(w, n, workers)) for w in range(workers)]
     rank, world = data_parallel_rank()
-    readers, n = world * workers, len(dataset)
-    if world > 1:
-        n -= n % readers
-    return [len(range(rank * workers + w, n, readers)) for w in range(workers)]
+    order = np.arange(len(dataset))  # the sizes of the shares do not depend on the order
+    return [
+        len(
+            reader_share(order, reader=rank * workers + w, readers=world * workers, equal=world > 1)
+        )
+        for w in range(workers)
+    ]
 
 
 def epoch_batches(loader: Any, epoch: int) -> int:

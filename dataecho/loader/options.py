@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,9 @@ from dataecho import _validate
 
 WHERE_CHOICES = ("before_augment", "after_augment", "batch")
 AUTO = "auto"
+# The most batches a worker keeps in flight by default: a huge echo factor would otherwise
+# ask for that many times DataLoader's depth, all held in memory.
+MAX_PREFETCH = 32
 
 
 @dataclass(frozen=True)
@@ -137,3 +141,18 @@ class LoaderOptions:
                 "copies would be augmented apart; pass the augmentation as transform= (per "
                 "example) for identical copies, or use where='before_augment'"
             )
+
+
+def default_prefetch(opts: LoaderOptions) -> int:
+    """Batches each worker keeps in flight by default (DataLoader's is 2).
+
+    The queue holds *emitted* batches: with example echoing each fresh batch leaves as e of
+    them, so e times the default depth keeps as much fresh data in flight as without echoing.
+    Otherwise a pause of the training loop (an evaluation, a checkpoint) fills the queue with
+    copies at once and the upstream stops reading, so the pause costs the echoed run upstream
+    time that a run without echoing hides. Capped, since a huge factor would hold that many
+    batches in memory.
+    """
+    if opts.where == "batch" or opts.adaptive:
+        return 2
+    return min(2 * math.ceil(opts.echo_factor), MAX_PREFETCH)

@@ -40,6 +40,9 @@ from dataecho.stages.seeds import (
 )
 from dataecho.transforms import guard_transform
 
+# The main process's key among the worker ids: batch echoing draws its seeds there.
+MAIN_PROCESS = 1 << 20
+
 
 class PipelineDataset(IterableDataset):
     """What the inner ``StatefulDataLoader`` iterates: one pipeline per worker and epoch.

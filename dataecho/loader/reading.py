@@ -59,7 +59,8 @@ def epoch_order(n: int, order_seed: int | None) -> np.ndarray:
     return np.random.default_rng(order_seed).permutation(n)
 
 
-def _stateful(obj: Any) -> bool:
+def is_stateful(obj: Any) -> bool:
+    """Whether ``obj`` keeps a state of its own (``state_dict`` / ``load_state_dict``)."""
     return callable(getattr(obj, "state_dict", None)) and callable(
         getattr(obj, "load_state_dict", None)
     )
@@ -89,7 +90,7 @@ class IndexedReader(BaseNode[Any]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        dataset = self.dataset.state_dict() if _stateful(self.dataset) else None
+        dataset = self.dataset.state_dict() if is_stateful(self.dataset) else None
         return {"pos": self._pos, "dataset": dataset}
 
 
@@ -127,9 +128,9 @@ class IterableReader(BaseNode[Any]):
             # A dataset that is its own iterator builds its position in __iter__: its state is
             # the iterator's, restored after iter() (as StatefulDataLoader does).
             "dataset": self.dataset.state_dict()
-            if _stateful(self.dataset) and not own_iterator
+            if is_stateful(self.dataset) and not own_iterator
             else None,
-            "iterator": self._it.state_dict() if _stateful(self._it) else None,
+            "iterator": self._it.state_dict() if is_stateful(self._it) else None,
         }
 
 
