@@ -58,7 +58,7 @@ from dataecho.config import TrainConfig
 from dataecho.distributed.group import in_torchrun
 from dataecho.evaluation import BackgroundEvaluator
 from dataecho.loader import EchoingDataLoader
-from dataecho.loader.pipeline import is_map_style
+from dataecho.loader.reading import is_map_style
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
 from dataecho.shutdown import ExitCheckpoint

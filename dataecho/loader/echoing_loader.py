@@ -14,8 +14,6 @@ batch echoing runs in the main process on the batches the workers deliver.
 
 from __future__ import annotations
 
-import collections
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -28,95 +26,22 @@ from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
+from dataecho.loader.epoch_iterator import EpochIterator, WeakCall
 from dataecho.loader.length import epoch_batches
 from dataecho.loader.lifetime import DieWithParent
-from dataecho.loader.options import LoaderOptions, default_prefetch
+from dataecho.loader.options import LoaderOptions, check_dataloader_arguments, default_prefetch
 from dataecho.loader.pipeline import (
     MAIN_PROCESS,
     PipelineDataset,
     close_chain,
     echo_stage,
-    is_map_style,
     unwrap_identity,
 )
-from dataecho.loader.reading import data_parallel_rank, is_stateful
+from dataecho.loader.reading import data_parallel_rank, is_map_style, is_stateful
 from dataecho.loader.snapshots import snapshot_interval
-from dataecho.loader.transport import from_wire
+from dataecho.loader.workers import WorkersNode
 from dataecho.stages import EchoStats, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE, derive_seed, resolve_seed
-from dataecho.stages.stats import batch_length
-
-
-class _WorkersNode(BaseNode[Any]):
-    """The inner StatefulDataLoader as a node: yields batches, counts their fresh examples.
-
-    With ``deferred``, an adaptive stage's reader thread pulls batches ahead of the consumer:
-    their fresh counts wait in ``pending`` until :meth:`settle` is told those batches reached it.
-    """
-
-    def __init__(
-        self,
-        loader: StatefulDataLoader,
-        pipeline: PipelineDataset,
-        stats: EchoStats,
-        *,
-        deferred: bool = False,
-    ) -> None:
-        super().__init__()
-        self._loader = loader
-        self._pipeline = pipeline
-        self.batch_size = pipeline.options.batch_size  # its items are batches (stats.unit)
-        self._stats = stats
-        self.deferred = deferred
-        self.pending: collections.deque[int] = collections.deque()
-        # Only worker processes send small batches as pickled arrays (loader/transport.py).
-        self._piped = loader.num_workers > 0 and pipeline.pipe_small_batches
-        self._it: Iterator[Any] | None = None
-        self._stop: weakref.finalize | None = None
-
-    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        super().reset(initial_state)
-        self.close()
-        if initial_state is not None:
-            self._loader.load_state_dict(initial_state)
-        self._it = iter(self._loader)
-        # Collected as garbage (inside a cycle of the user's objects), the iterator's queues
-        # would stop their feeder threads before any __del__ ran, and the workers would wait
-        # 5 s each for a stop message never sent: the finalizer holds the iterator, so its
-        # queues are alive when it shuts the workers down.
-        self._stop = weakref.finalize(self, _shutdown_workers, self._it)
-        self._stop.atexit = False
-        self.pending.clear()  # a resume re-reads what was read ahead but not handed out
-
-    def next(self) -> Any:
-        batch, fresh = next(self._it)
-        if self._piped:
-            batch = from_wire(batch)
-        if self.deferred:
-            self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
-        else:
-            self._stats.fresh_examples += fresh
-        return batch
-
-    def settle(self, batches: int) -> None:
-        """``batches`` read-ahead batches reached the consumer: count their fresh examples."""
-        for _ in range(batches):
-            self._stats.fresh_examples += self.pending.popleft()
-
-    def get_state(self) -> dict[str, Any]:
-        return self._loader.state_dict()
-
-    def close(self) -> None:
-        if self._stop is not None:
-            self._stop()
-        self._it = None
-        self._pipeline.close_iterators()
-
-
-def _shutdown_workers(it: Any) -> None:
-    shutdown = getattr(it, "_shutdown_workers", None)  # DataLoader's own, for worker processes
-    if shutdown is not None:
-        shutdown()
 
 
 class EchoingDataLoader:
@@ -203,7 +128,7 @@ class EchoingDataLoader:
         read_ahead: int | None = None,
         snapshot_every_n_steps: int | None = None,
     ) -> None:
-        _check_dataloader_arguments(
+        check_dataloader_arguments(
             dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers
         )
         self.options = LoaderOptions(
@@ -276,7 +201,7 @@ class EchoingDataLoader:
             )
         self._epoch = -1
         # The epoch's iterator, held weakly: dropping it (or this loader) stops its workers.
-        self._current: weakref.ref[_EpochIterator] | None = None
+        self._current: weakref.ref[EpochIterator] | None = None
         self._dropped: dict[str, Any] | None = None  # the position of a dropped iterator
         self._resume: dict[str, Any] | None = None
 
@@ -292,7 +217,7 @@ class EchoingDataLoader:
         return epoch_batches(self, self._upcoming_epoch())
 
     @property
-    def _iterator(self) -> _EpochIterator | None:
+    def _iterator(self) -> EpochIterator | None:
         """The epoch's iterator, if it is still referenced."""
         return self._current() if self._current is not None else None
 
@@ -331,11 +256,11 @@ class EchoingDataLoader:
         is iterable) starts no workers and uses up no epoch."""
         if self._iterator is not None:
             self._iterator.supersede()
-        it = _EpochIterator(self.stats, self._start_epoch, _WeakCall(self, "_keep_dropped"))
+        it = EpochIterator(self.stats, self._start_epoch, WeakCall(self, "_keep_dropped"))
         self._current = weakref.ref(it)
         return it
 
-    def _start_epoch(self) -> tuple[BaseNode[Any], _WorkersNode, Any, list[Any]]:
+    def _start_epoch(self) -> tuple[BaseNode[Any], WorkersNode, Any, list[Any]]:
         """Start the epoch: its chain, workers node, adaptive reader, and a first batch already
         taken (a resumed epoch's, or none)."""
         self._dropped = None
@@ -371,11 +296,11 @@ class EchoingDataLoader:
         else:
             pipeline.indices = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
 
-    def _build_root(self) -> tuple[BaseNode[Any], _WorkersNode, Any]:
+    def _build_root(self) -> tuple[BaseNode[Any], WorkersNode, Any]:
         """The main-process chain, its workers node, and the adaptive stage reading ahead."""
         opts = self.options
         batch_auto = opts.where == "batch" and opts.adaptive
-        workers = _WorkersNode(self._inner, self._pipeline, self.stats, deferred=batch_auto)
+        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=batch_auto)
         if opts.where != "batch":
             return workers, workers, None
         node: BaseNode[Any] = workers
@@ -434,153 +359,3 @@ class EchoingDataLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _WeakCall:
-    """``obj.method(*args)`` while ``obj`` lives; nothing after (no reference cycle)."""
-
-    def __init__(self, obj: Any, method: str) -> None:
-        self._ref, self._method = weakref.ref(obj), method
-
-    def __call__(self, *args: Any) -> None:
-        obj = self._ref()
-        if obj is not None:
-            getattr(obj, self._method)(*args)
-
-
-def _check_dataloader_arguments(
-    dataset: Any,
-    batch_size: Any,
-    shuffle: Any,
-    sampler: Any,
-    batch_sampler: Any,
-    persistent_workers: Any,
-) -> None:
-    """DataLoader's own argument rules, and the ones echoing adds (see the class docstring)."""
-    if batch_size is None:
-        raise ValueError(
-            "batch_size=None (no automatic batching) is not supported by EchoingDataLoader: "
-            "the echo stage forms the batches; pass the number of examples per batch, e.g. 128"
-        )
-    if batch_sampler is not None:
-        raise ValueError(
-            "batch_sampler is not supported by EchoingDataLoader: batches are formed after the "
-            "echo stage, so a sampler's batches would not survive it; pass sampler= (the order "
-            "of examples) and batch_size= instead"
-        )
-    if persistent_workers:
-        raise ValueError(
-            "persistent_workers=True is not supported by EchoingDataLoader: each epoch's "
-            "workers carry that epoch's order and seeds; drop the persistent_workers argument"
-        )
-    iterable = not is_map_style(dataset)
-    if iterable and shuffle:
-        raise ValueError(
-            f"shuffle={shuffle!r} with an iterable dataset ({type(dataset).__name__}): an "
-            "iterable dataset decides its own order (as with DataLoader); shuffle it in the "
-            "dataset, or use shuffle_buffer= to shuffle after the echo stage"
-        )
-    if iterable and sampler is not None:
-        raise ValueError(
-            f"sampler= with an iterable dataset ({type(dataset).__name__}): a sampler picks "
-            "indices of a map-style dataset (as with DataLoader); drop the sampler"
-        )
-    if sampler is not None and shuffle:
-        raise ValueError(
-            f"sampler= and shuffle={shuffle!r} are mutually exclusive (as with DataLoader): "
-            "the sampler decides the order; drop shuffle, or the sampler"
-        )
-
-
-class _EpochIterator:
-    """One epoch's iterator: times the consumer's waits and counts what it hands out.
-
-    ``start`` (the loader's) starts the epoch at the first ``next()``; after that it holds no
-    reference to its loader, so dropping the loader (or this iterator, once the loader is gone)
-    stops the workers at once. ``on_drop`` receives the position of an iterator dropped
-    mid-epoch, so the loader's ``state_dict()`` still holds it.
-    """
-
-    def __init__(
-        self,
-        stats: EchoStats,
-        start: Callable[[], tuple[BaseNode[Any], _WorkersNode, Any, list[Any]]],
-        on_drop: Callable[[dict[str, Any]], None] | None = None,
-    ) -> None:
-        self.stats = stats
-        self.root: BaseNode[Any] | None = None
-        self.finished = False
-        self.superseded = False
-        self._start: Callable[[], Any] | None = start
-        self._first: list[Any] = []
-        self._workers: _WorkersNode | None = None
-        self._reader: Any = None  # the adaptive stage whose fresh emissions settle the counts
-        self._settled = 0
-        self._on_drop = on_drop
-        self._closed = False
-
-    @property
-    def started(self) -> bool:
-        return self.root is not None
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __next__(self) -> Any:
-        if self.superseded:
-            raise RuntimeError(
-                "this EchoingDataLoader iterator was ended by a newer iter(loader): a loader "
-                "runs one epoch at a time (its state and workers belong to it); iterate the "
-                "newest iterator, or use a second loader for a second stream"
-            )
-        if self.finished:
-            raise StopIteration
-        stats = self.stats
-        start = time.perf_counter()
-        try:
-            if self._start is not None:
-                begin, self._start = self._start, None
-                self.root, self._workers, self._reader, self._first = begin()
-                if self._reader is not None:
-                    self._settled = self._reader.stats.fresh_examples
-            batch = self._first.pop() if self._first else next(self.root)
-        except StopIteration:
-            self.finished = True
-            self.close()
-            raise
-        except BaseException:
-            # The original exception (and its traceback) goes on; the workers stop now.
-            self.finished = True
-            self.close()
-            raise
-        finally:
-            stats.wait_seconds += time.perf_counter() - start
-        if self._reader is not None:
-            handed = self._reader.stats.fresh_examples
-            self._workers.settle(handed - self._settled)
-            self._settled = handed
-        stats.batches += 1
-        stats.examples_out += batch_length(batch)
-        return batch
-
-    def supersede(self) -> None:
-        """A newer iterator took over: this one ends (see :meth:`__next__`)."""
-        self.superseded = True
-        self._on_drop = None
-        self.close()
-
-    def close(self) -> None:
-        # Once only: the pipeline object is shared by the loader's epochs, and a late second
-        # close (from garbage collection) must not reach a newer epoch's pipeline.
-        self._start = None
-        if not self._closed and self.root is not None:
-            self._closed = True
-            close_chain(self.root)
-
-    def __del__(self) -> None:
-        try:
-            if self._on_drop is not None and self.started and not self.finished:
-                self._on_drop(self.root.state_dict())
-            self.close()
-        except Exception:  # interpreter shutdown: nothing left to clean
-            pass

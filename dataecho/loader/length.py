@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from dataecho.loader.options import LoaderOptions
-from dataecho.loader.pipeline import MAIN_PROCESS, is_map_style
-from dataecho.loader.reading import data_parallel_rank, reader_share
+from dataecho.loader.pipeline import MAIN_PROCESS
+from dataecho.loader.reading import data_parallel_rank, is_map_style, reader_share
 from dataecho.stages.seeds import STAGE_ECHO, derive_seed
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataecho import _validate
+from dataecho.loader.reading import is_map_style
 
 WHERE_CHOICES = ("before_augment", "after_augment", "batch")
 AUTO = "auto"
@@ -156,3 +157,47 @@ def default_prefetch(opts: LoaderOptions) -> int:
     if opts.where == "batch" or opts.adaptive:
         return 2
     return min(2 * math.ceil(opts.echo_factor), MAX_PREFETCH)
+
+
+def check_dataloader_arguments(
+    dataset: Any,
+    batch_size: Any,
+    shuffle: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    persistent_workers: Any,
+) -> None:
+    """DataLoader's own argument rules, and the ones echoing adds (see the class docstring)."""
+    if batch_size is None:
+        raise ValueError(
+            "batch_size=None (no automatic batching) is not supported by EchoingDataLoader: "
+            "the echo stage forms the batches; pass the number of examples per batch, e.g. 128"
+        )
+    if batch_sampler is not None:
+        raise ValueError(
+            "batch_sampler is not supported by EchoingDataLoader: batches are formed after the "
+            "echo stage, so a sampler's batches would not survive it; pass sampler= (the order "
+            "of examples) and batch_size= instead"
+        )
+    if persistent_workers:
+        raise ValueError(
+            "persistent_workers=True is not supported by EchoingDataLoader: each epoch's "
+            "workers carry that epoch's order and seeds; drop the persistent_workers argument"
+        )
+    iterable = not is_map_style(dataset)
+    if iterable and shuffle:
+        raise ValueError(
+            f"shuffle={shuffle!r} with an iterable dataset ({type(dataset).__name__}): an "
+            "iterable dataset decides its own order (as with DataLoader); shuffle it in the "
+            "dataset, or use shuffle_buffer= to shuffle after the echo stage"
+        )
+    if iterable and sampler is not None:
+        raise ValueError(
+            f"sampler= with an iterable dataset ({type(dataset).__name__}): a sampler picks "
+            "indices of a map-style dataset (as with DataLoader); drop the sampler"
+        )
+    if sampler is not None and shuffle:
+        raise ValueError(
+            f"sampler= and shuffle={shuffle!r} are mutually exclusive (as with DataLoader): "
+            "the sampler decides the order; drop shuffle, or the sampler"
+        )

@@ -24,6 +24,7 @@ from dataecho.loader.reading import (
     IterableReader,
     Tagged,
     epoch_order,
+    is_map_style,
     reader_share,
 )
 from dataecho.loader.rng_scope import RngScope
@@ -80,15 +81,6 @@ class PipelineDataset(IterableDataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _live=weakref.WeakSet())
-
-
-def is_map_style(dataset: Any) -> bool:
-    """Indexed by ``dataset[i]`` with a length, as DataLoader's map-style datasets are."""
-    return (
-        hasattr(dataset, "__getitem__")
-        and hasattr(dataset, "__len__")
-        and not isinstance(dataset, IterableDataset)
-    )
 
 
 def read_indices(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch.distributed as dist
+from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
 
@@ -42,6 +43,15 @@ def data_parallel_rank() -> tuple[int, int]:
             "or set both variables consistently"
         )
     return rank, world
+
+
+def is_map_style(dataset: Any) -> bool:
+    """Indexed by ``dataset[i]`` with a length, as DataLoader's map-style datasets are."""
+    return (
+        hasattr(dataset, "__getitem__")
+        and hasattr(dataset, "__len__")
+        and not isinstance(dataset, IterableDataset)
+    )
 
 
 def reader_share(order: np.ndarray, *, reader: int, readers: int, equal: bool) -> np.ndarray:

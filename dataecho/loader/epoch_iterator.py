@@ -1,0 +1,126 @@
+"""One epoch's iterator: started lazily, timed, counted, and released when dropped.
+
+The iterator holds no reference to its loader once started, and the loader holds it weakly,
+so dropping either stops the workers at once; a position dropped mid-epoch goes back to the
+loader through :class:`WeakCall`, so ``state_dict()`` still holds it.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from dataecho.loader.pipeline import close_chain
+from dataecho.loader.workers import WorkersNode
+from dataecho.stages import EchoStats
+from dataecho.stages.stats import batch_length
+
+
+class WeakCall:
+    """``obj.method(*args)`` while ``obj`` lives; nothing after (no reference cycle)."""
+
+    def __init__(self, obj: Any, method: str) -> None:
+        self._ref, self._method = weakref.ref(obj), method
+
+    def __call__(self, *args: Any) -> None:
+        obj = self._ref()
+        if obj is not None:
+            getattr(obj, self._method)(*args)
+
+
+class EpochIterator:
+    """One epoch's iterator: times the consumer's waits and counts what it hands out.
+
+    ``start`` (the loader's) starts the epoch at the first ``next()``; after that it holds no
+    reference to its loader, so dropping the loader (or this iterator, once the loader is gone)
+    stops the workers at once. ``on_drop`` receives the position of an iterator dropped
+    mid-epoch, so the loader's ``state_dict()`` still holds it.
+    """
+
+    def __init__(
+        self,
+        stats: EchoStats,
+        start: Callable[[], tuple[BaseNode[Any], WorkersNode, Any, list[Any]]],
+        on_drop: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.stats = stats
+        self.root: BaseNode[Any] | None = None
+        self.finished = False
+        self.superseded = False
+        self._start: Callable[[], Any] | None = start
+        self._first: list[Any] = []
+        self._workers: WorkersNode | None = None
+        self._reader: Any = None  # the adaptive stage whose fresh emissions settle the counts
+        self._settled = 0
+        self._on_drop = on_drop
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self.root is not None
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.superseded:
+            raise RuntimeError(
+                "this EchoingDataLoader iterator was ended by a newer iter(loader): a loader "
+                "runs one epoch at a time (its state and workers belong to it); iterate the "
+                "newest iterator, or use a second loader for a second stream"
+            )
+        if self.finished:
+            raise StopIteration
+        stats = self.stats
+        start = time.perf_counter()
+        try:
+            if self._start is not None:
+                begin, self._start = self._start, None
+                self.root, self._workers, self._reader, self._first = begin()
+                if self._reader is not None:
+                    self._settled = self._reader.stats.fresh_examples
+            batch = self._first.pop() if self._first else next(self.root)
+        except StopIteration:
+            self.finished = True
+            self.close()
+            raise
+        except BaseException:
+            # The original exception (and its traceback) goes on; the workers stop now.
+            self.finished = True
+            self.close()
+            raise
+        finally:
+            stats.wait_seconds += time.perf_counter() - start
+        if self._reader is not None:
+            handed = self._reader.stats.fresh_examples
+            self._workers.settle(handed - self._settled)
+            self._settled = handed
+        stats.batches += 1
+        stats.examples_out += batch_length(batch)
+        return batch
+
+    def supersede(self) -> None:
+        """A newer iterator took over: this one ends (see :meth:`__next__`)."""
+        self.superseded = True
+        self._on_drop = None
+        self.close()
+
+    def close(self) -> None:
+        # Once only: the pipeline object is shared by the loader's epochs, and a late second
+        # close (from garbage collection) must not reach a newer epoch's pipeline.
+        self._start = None
+        if not self._closed and self.root is not None:
+            self._closed = True
+            close_chain(self.root)
+
+    def __del__(self) -> None:
+        try:
+            if self._on_drop is not None and self.started and not self.finished:
+                self._on_drop(self.root.state_dict())
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to clean
+            pass
