@@ -135,6 +135,8 @@ emitted batch over {s.snapshot_batches} batches after {s.snapshot_warmup}, media
 {s.snapshot_rounds} interleaved round(s). CPU: the worker's from /proc, the training thread's
 from `time.thread_time()`. "snapshots every {max(1, s.example_shuffle // s.batch_size)}" is the
 interval dataecho used before `dataecho/loader/snapshots.py` (shuffle_buffer // batch_size).
+"auto" snapshots every batch by default: its reuse decisions depend on timing, so a replay
+from an older snapshot would not repeat them.
 
 {table(peer_snapshots.HEADERS, peer_snapshots.rows(result))}
 """

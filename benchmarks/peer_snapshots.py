@@ -21,7 +21,8 @@ from benchmarks.peer_loaders import Case, build
 
 def cases(s: Any) -> list[Case]:
     """Example-level echo at e = ``s.snapshot_factor``: with the shuffle buffer (per-example
-    and batch augmentation), each at the default, the old and no interval; without one."""
+    and batch augmentation), each at the default, the old and no interval; without one; and
+    "auto" with the buffer and batch augmentation, at its default interval and none."""
     e, buffer = s.snapshot_factor, s.example_shuffle
     old = max(1, buffer // s.batch_size)  # dataecho's default interval before this section
     out = [
@@ -29,7 +30,13 @@ def cases(s: Any) -> list[Case]:
         for aug in (False, True)
         for snap in (True, old, False)
     ]
-    return out + [Case("dataecho", e, "before_augment", snapshots=snap) for snap in (True, False)]
+    out += [Case("dataecho", e, "before_augment", snapshots=snap) for snap in (True, False)]
+    # "auto" decides by timing, so its workers snapshot every batch by default (an exact
+    # resume cannot replay its decisions): what that costs against no snapshots.
+    return out + [
+        Case("dataecho", "auto", "before_augment", buffer, batch_augment=True, snapshots=snap)
+        for snap in (True, False)
+    ]
 
 
 def measure(case: Case, dataset: Any, augment: Any, s: Any) -> dict:
@@ -76,7 +83,8 @@ def rows(result: dict) -> list[list[str]]:
     for r in result["snapshots"]:
         case = r["case"]
         off = case.snapshots is False
-        replay = "-" if off else f"{r['interval'] * s.batch_size // int(case.echo):,}"
+        per_fresh = 1 if case.echo == "auto" else int(case.echo)  # auto: at most every example
+        replay = "-" if off else f"{r['interval'] * s.batch_size // per_fresh:,}"
         out.append([case.name, "-" if off else f"{r['interval']:,}", f"{r['worker_ms']:.2f}",
                     f"{r['main_ms']:.2f}", f"{r['wall_ms']:.2f}", replay])  # fmt: skip
     return out
