@@ -91,8 +91,9 @@ class EchoingDataLoader:
         read_ahead: examples each worker reads ahead on a thread while the echo stage works
             (None: one batch when echoing examples at a fixed factor, else 0).
         snapshot_every_n_steps: how often workers send their state (``StatefulDataLoader``);
-            None: about once per shuffle buffer's worth of batches (every batch for "auto",
-            whose replay would not repeat the same reuse decisions).
+            None: about once per shuffle buffer's worth of batches (every batch for "auto"
+            with workers, whose replay would not repeat the same reuse decisions: a longer
+            interval there makes a resume repeat some examples and skip others).
     """
 
     def __init__(
