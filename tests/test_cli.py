@@ -300,11 +300,8 @@ def error_lines(err: str) -> tuple[str, str]:
     return head, rest
 
 
-@needs_data
-@pytest.mark.timeout(120)
-def test_a_bad_record_read_in_a_worker_is_one_paragraph_with_its_traceback_below(
-    small_dir, shard_dir, tmp_path, capsys
-):
+def damaged_copy(shard_dir, tmp_path):
+    """A copy of the shards whose second shard has a corrupt PNG at record 6."""
     from test_reliability_resume import damage_png
 
     copy = tmp_path / "shards"
@@ -312,6 +309,15 @@ def test_a_bad_record_read_in_a_worker_is_one_paragraph_with_its_traceback_below
     for f in shard_dir.iterdir():
         (copy / f.name).write_bytes(f.read_bytes())
     damage_png(copy / "fashion-mnist-000001.tar", record=6)
+    return copy
+
+
+@needs_data
+@pytest.mark.timeout(120)
+def test_a_bad_record_read_in_a_worker_is_one_paragraph_with_its_traceback_below(
+    small_dir, shard_dir, tmp_path, capsys
+):
+    copy = damaged_copy(shard_dir, tmp_path)
     code = main(["train", "--upstream", str(copy), "--data-dir", str(small_dir), "--budget",
                  "512", "--target-accuracy", "off", *TINY])  # fmt: skip
     head, below = error_lines(capsys.readouterr().err)
@@ -334,13 +340,7 @@ def test_a_bad_record_read_in_a_worker_is_one_paragraph_with_its_traceback_below
 def test_with_on_bad_record_skip_the_summary_counts_the_skipped_records(
     small_dir, shard_dir, tmp_path, capsys
 ):
-    from test_reliability_resume import damage_png
-
-    copy = tmp_path / "shards"
-    copy.mkdir()
-    for f in shard_dir.iterdir():
-        (copy / f.name).write_bytes(f.read_bytes())
-    damage_png(copy / "fashion-mnist-000001.tar", record=6)
+    copy = damaged_copy(shard_dir, tmp_path)
     code = main(["train", "--upstream", str(copy), "--data-dir", str(small_dir), "--budget",
                  "448", "--target-accuracy", "off", "--on-bad-record", "skip", *TINY])  # fmt: skip
     out = capsys.readouterr().out.splitlines()
