@@ -16,9 +16,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when the dependency list changes.
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml constraints-dev.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[dev]'
 	touch $(STAMP)
 
 system-packages: $(STAMP)
@@ -32,12 +32,12 @@ test: $(STAMP) system-packages lint
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check dataecho tests benchmarks
-	$(BIN)/ruff format --check dataecho tests benchmarks
+	$(BIN)/ruff check dataecho experiments tests benchmarks
+	$(BIN)/ruff format --check dataecho experiments tests benchmarks
 
 format: $(STAMP)
-	$(BIN)/ruff format dataecho tests benchmarks
-	$(BIN)/ruff check --fix dataecho tests benchmarks
+	$(BIN)/ruff format dataecho experiments tests benchmarks
+	$(BIN)/ruff check --fix dataecho experiments tests benchmarks
 
 bench: $(STAMP) system-packages
 	$(BIN)/python -m benchmarks adaptive

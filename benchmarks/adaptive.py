@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 
 from benchmarks import common
 from dataecho import EchoingDataLoader
-from dataecho.workloads.augment import Augment
+from dataecho.app.workloads.augment import Augment
 
 HEADING = "Adaptive echoing"
 TARGETS = {"efficiency": 0.95, "stall": 0.02, "fresh": 0.98, "factor": 0.10}

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from dataecho.demo import SHUFFLE_BATCHES
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR
-from dataecho.train import TrainConfig, train
-from dataecho.upstream import prepare
+from dataecho.app.demo import SHUFFLE_BATCHES
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
+from dataecho.app.train import TrainConfig, train
+from dataecho.app.upstream import prepare
 
 DEFAULT_SHARDS = Path.home() / ".cache" / "dataecho" / "shards" / "fashion-mnist-all-1000"
 

@@ -3,7 +3,7 @@
 - :class:`SyntheticImages`, :class:`PacedImages`, :func:`paced_upstream`: Fashion-MNIST-shaped
   examples behind a storage emulation whose reads *sleep*, as a network or disk read does:
   time passes, the CPU stays free for the training step.
-- :class:`TrainStep`: one real SGD step of :class:`dataecho.workloads.cnn.SmallCNN`.
+- :class:`TrainStep`: one real SGD step of :class:`dataecho.app.workloads.cnn.SmallCNN`.
 - :func:`pin_threads`: torch thread settings, so the step and the upstream do not fight over
   the cores.
 - :func:`interleaved`: run every case once per round, A B C ... A B C ..., so slow drift of the
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from dataecho.workloads.cnn import SmallCNN
+from dataecho.app.workloads.cnn import SmallCNN
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -68,7 +68,7 @@ class PacedImages(SyntheticImages):
     read, and a reader that was descheduled for up to ``slack`` seconds catches up at once, as
     if the storage had kept reading ahead meanwhile. On a loaded 2-core machine that keeps the
     upstream's rate the one asked for, rather than one that depends on when the worker
-    process gets a core. (``dataecho.sources.throttled.Throttled`` is the same with 1 ms slack.)
+    process gets a core. (``dataecho.app.sources.throttled.Throttled`` is the same with 1 ms slack.)
     """
 
     def __init__(self, length: int, *, delay: float, slack: float) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks import common
-from dataecho.config import TrainConfig
+from dataecho.app.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Settings:
 
 def run(settings: Settings, log: Any = print) -> list[dict[str, Any]]:
     """One launched run per (sync, e); a row of figures each."""
-    from dataecho.distributed import launch
+    from dataecho.app.distributed import launch
 
     rows = []
     for e in settings.factors:

@@ -18,7 +18,7 @@ for n in 0 1; do
   ip -n de$n link set lo up; ip -n de$n link set dve$n up
   ip netns exec de$n tc qdisc add dev dve$n root tbf rate "$RATE" burst 32kbit latency 400ms
 done
-ARGS="-m dataecho.cli train --sync $SYNC --echo-factor $E --where batch --budget 12000 \
+ARGS="-m dataecho.app.cli train --sync $SYNC --echo-factor $E --where batch --budget 12000 \
   --read-delay 0.0005 --eval-every 12000 --target-accuracy off --name $SYNC-e=$E"
 for n in 1 0; do
   ip netns exec de$n env GLOO_SOCKET_IFNAME=dve$n OMP_NUM_THREADS=1 nice -n 15 \

@@ -140,11 +140,11 @@ def sample(progress: dict[str, int], start: float) -> dict[str, float]:
 
 def run(s: Settings, log: Any = print) -> list[dict[str, float]]:
     """Stream for ``s.minutes``; return the samples (see the module docstring)."""
-    from dataecho.checkpoint import save_checkpoint
-    from dataecho.config import TrainConfig
-    from dataecho.sources.nginx import NginxServer
-    from dataecho.train import make_loader
-    from dataecho.upstream import build_data, prepare
+    from dataecho.app.checkpoint import save_checkpoint
+    from dataecho.app.config import TrainConfig
+    from dataecho.app.sources.nginx import NginxServer
+    from dataecho.app.train import make_loader
+    from dataecho.app.upstream import build_data, prepare
 
     common.pin_threads(1)
     prepare(s.out / "shards", examples=s.examples, examples_per_shard=s.examples_per_shard)

@@ -24,8 +24,8 @@ import torch
 
 from benchmarks import common
 from benchmarks.peer_loaders import Case, build
-from dataecho.sources.throttled import Throttled
-from dataecho.workloads.cnn import evaluate
+from dataecho.app.sources.throttled import Throttled
+from dataecho.app.workloads.cnn import evaluate
 
 
 def cases(s: Any) -> list[Case]:

@@ -4,7 +4,7 @@
     python -m benchmarks peers --quick          # ~4 minutes; a few seconds per case
     python -m benchmarks peers --only target    # one section (or several)
 
-Upstream: Fashion-MNIST held in memory, read through ``dataecho.sources.Throttled`` (sleeping
+Upstream: Fashion-MNIST held in memory, read through ``dataecho.app.sources.Throttled`` (sleeping
 reads) at R x t_down per batch of 128, in one loader worker that also augments (``Augment``
 per example). Step: :class:`benchmarks.common.TrainStep` (SmallCNN + SGD) on 1 torch thread.
 Loaders: see :mod:`benchmarks.peer_loaders`. Sections:
@@ -35,11 +35,11 @@ import torch
 from benchmarks import common, peer_markdown, peer_memory, peer_snapshots, peer_target
 from benchmarks.peer_loaders import Case, build
 from benchmarks.peer_settings import QUICK, Settings
-from dataecho.sources.fashion_mnist import FashionMNIST
-from dataecho.sources.throttled import Throttled
+from dataecho.app.sources.fashion_mnist import FashionMNIST
+from dataecho.app.sources.throttled import Throttled
+from dataecho.app.workloads.augment import Augment
+from dataecho.app.workloads.cnn import evaluate
 from dataecho.stages import echo
-from dataecho.workloads.augment import Augment
-from dataecho.workloads.cnn import evaluate
 
 
 @dataclass

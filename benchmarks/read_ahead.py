@@ -8,7 +8,7 @@ augmentation and measurement: :func:`benchmarks.peers.train_window`):
 
 - *latency*: every read sleeps its share (:class:`LatencyReads`), as a synchronous read from a
   remote store or a disk does: a reader busy elsewhere does not get the time back;
-- *paced*: ``dataecho.sources.Throttled``, whose reads are due on a clock with 1 ms of slack,
+- *paced*: ``dataecho.app.sources.Throttled``, whose reads are due on a clock with 1 ms of slack,
   so a reader that was busy catches up (what the peers benchmark uses).
 
 Cases run interleaved (on, off, on, off, ...); the table gives steps/s, stall and fresh
@@ -29,9 +29,9 @@ from benchmarks import common, peers
 from benchmarks.peer_loaders import Case
 from benchmarks.peer_report import paired
 from benchmarks.peer_settings import Settings
-from dataecho.sources.fashion_mnist import FashionMNIST
-from dataecho.sources.throttled import Throttled
-from dataecho.workloads.augment import Augment
+from dataecho.app.sources.fashion_mnist import FashionMNIST
+from dataecho.app.sources.throttled import Throttled
+from dataecho.app.workloads.augment import Augment
 
 HEADERS = ["upstream", "R", "loader", "steps/s", "stall %", "fresh ex/s", "on / off (per round)"]
 

@@ -14,12 +14,15 @@ Stages for your own pipelines: :func:`echo`, :func:`shuffle`, :func:`adaptive_ec
 Before you change anything, :func:`profile` tells whether echoing will help at all.
 
 Echoed optimizers (K steps per fresh batch; Agarwal et al. 2020): :class:`EchoedGD`,
-:class:`EchoedProxGD`, :class:`EchoedNesterov` (more in :mod:`dataecho.algorithms`).
-Training runs: :func:`train` with a :class:`TrainConfig` (single process or data parallel).
+:class:`EchoedProxGD`, :class:`EchoedNesterov` (in :mod:`dataecho.optim`).
+
+The ``dataecho`` command, its demo and training runs are the application,
+:mod:`dataecho.app` (``pip install 'dataecho[app]'``); this package never imports it.
 """
 
 from dataecho import schedules, transforms
 from dataecho.loader import EchoingDataLoader, LoaderOptions
+from dataecho.optim import EchoedGD, EchoedNesterov, EchoedOptimizer, EchoedProxGD
 from dataecho.profiling import ProfileReport, format_report, profile, time_model
 from dataecho.progress import TrainingProgress
 from dataecho.stages import (
@@ -38,26 +41,29 @@ from dataecho.transforms import on_input
 
 __version__ = "0.1.0"
 
-# The training machinery (models, optimizers, data sources) loads only when asked for.
-_LAZY = {
-    "train": "dataecho.train",
-    "TrainConfig": "dataecho.config",
-    "TrainResult": "dataecho.train",
-    "EchoedGD": "dataecho.algorithms",
-    "EchoedProxGD": "dataecho.algorithms",
-    "EchoedNesterov": "dataecho.algorithms",
+# Names that moved to the application (dataecho[app]) or to the optimizers' module. They keep
+# working for one release, with a DeprecationWarning that names the new place.
+_MOVED = {
+    "train": ("dataecho.app.train", "train"),
+    "TrainConfig": ("dataecho.app.config", "TrainConfig"),
+    "TrainResult": ("dataecho.app.train", "TrainResult"),
+    "distributed": ("dataecho.app.distributed", None),
+    "algorithms": ("dataecho.optim", None),
 }
-_LAZY_MODULES = ("algorithms", "reproduce", "distributed")
 
 
 def __getattr__(name: str):  # noqa: ANN202
     import importlib
+    import warnings
 
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in _LAZY_MODULES:
-        return importlib.import_module(f"dataecho.{name}")
-    raise AttributeError(f"module 'dataecho' has no attribute {name!r}")
+    if name not in _MOVED:
+        raise AttributeError(f"module 'dataecho' has no attribute {name!r}")
+    module, attribute = _MOVED[name]
+    new = module if attribute is None else f"{module}.{attribute}"
+    warnings.warn(f"dataecho.{name} moved to {new}; the old name goes in the next release",
+                  DeprecationWarning, stacklevel=2)  # fmt: skip
+    target = importlib.import_module(module)
+    return target if attribute is None else getattr(target, attribute)
 
 
 __all__ = [
@@ -66,14 +72,13 @@ __all__ = [
     "EchoStats",
     "EchoedGD",
     "EchoedNesterov",
+    "EchoedOptimizer",
     "EchoedProxGD",
     "EchoingDataLoader",
     "LoaderOptions",
     "ProfileReport",
     "Shuffle",
     "StochasticEcho",
-    "TrainConfig",
-    "TrainResult",
     "TrainingProgress",
     "__version__",
     "adaptive_echo",
@@ -86,6 +91,5 @@ __all__ = [
     "shuffle",
     "stochastic_echo",
     "time_model",
-    "train",
     "transforms",
 ]

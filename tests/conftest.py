@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from dataecho.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
+from dataecho.app.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
 
 # A shell starts background jobs (`make test &` in a script, `nohup ... &`) with SIGINT ignored,
 # and an ignored signal stays ignored in every process started from here. The Ctrl-C tests

@@ -1,12 +1,13 @@
-"""Fresh batches to converge over a rate grid (dataecho.algorithms.convergence)."""
+"""Fresh batches to converge over a rate grid (experiments.convergence)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dataecho.algorithms import covertype_like, fresh_batches_to_converge, lbfgs_optimum
-from dataecho.algorithms.convergence import checkpoints
+from experiments.convergence import checkpoints, fresh_batches_to_converge
+from experiments.logistic import covertype_like
+from experiments.optimum import lbfgs_optimum
 
 
 @pytest.fixture(scope="module")

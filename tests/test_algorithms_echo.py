@@ -1,11 +1,11 @@
-"""Echoed optimizers (dataecho.algorithms.echo) on least squares, where the optimum is known."""
+"""Echoed optimizers (dataecho.optim) on least squares, where the optimum is known."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dataecho.algorithms import EchoedGD, EchoedNesterov, EchoedProxGD
+from dataecho.optim import EchoedGD, EchoedNesterov, EchoedProxGD
 
 
 def least_squares(n: int = 40, d: int = 5, seed: int = 0):

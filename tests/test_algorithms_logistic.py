@@ -1,4 +1,4 @@
-"""Logistic-regression problems and loss (dataecho.algorithms.logistic)."""
+"""Logistic-regression problems and loss (experiments.logistic)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dataecho.algorithms import covertype_like, fashion_mnist, logistic_loss
-from dataecho.algorithms.logistic import MIN_PIXEL_STD
-from dataecho.sources import fashion_mnist as fm
+from dataecho.app.sources import fashion_mnist as fm
+from experiments.logistic import MIN_PIXEL_STD, covertype_like, fashion_mnist, logistic_loss
 
 
 def test_binary_loss_per_grid_row_matches_torch() -> None:

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataecho.app.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, Augment, normalize
 from dataecho.loader import EchoingDataLoader
-from dataecho.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, Augment, normalize
 
 
 def reference_variants(image: torch.Tensor, pad: int) -> dict[tuple[int, int, bool], torch.Tensor]:

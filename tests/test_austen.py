@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataecho.sources.austen import (
+from dataecho.app.sources.austen import (
     DEFAULT_PACKAGE_DIR,
     INSTALL_COMMAND,
     NOVELS,

@@ -17,7 +17,7 @@ if ROOT not in sys.path:  # `python -m pytest` adds it; a bare `pytest` may not
     sys.path.insert(0, ROOT)
 
 from benchmarks import augmentation  # noqa: E402
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset  # noqa: E402
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset  # noqa: E402
 
 
 @pytest.mark.timeout(240)

@@ -7,9 +7,9 @@ import math
 import pytest
 from conftest import needs_nginx
 
-from dataecho.calibration import bytes_per_example, probe, serve
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
-from dataecho.upstream import prepare
+from dataecho.app.calibration import bytes_per_example, probe, serve
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
+from dataecho.app.upstream import prepare
 
 
 @pytest.mark.timeout(180)

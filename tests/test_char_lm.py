@@ -8,8 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dataecho.sources.austen import DEFAULT_PACKAGE_DIR, INSTALL_COMMAND, AustenChars, load_novels
-from dataecho.workloads.char_lm import (
+from dataecho.app.sources.austen import (
+    DEFAULT_PACKAGE_DIR,
+    INSTALL_COMMAND,
+    AustenChars,
+    load_novels,
+)
+from dataecho.app.workloads.char_lm import (
     CharLMConfig,
     CharTransformer,
     evaluate,

@@ -15,13 +15,13 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from dataecho import demo
-from dataecho.checkpoint import latest_checkpoint
-from dataecho.cli import COMMANDS, build_parser, main
-from dataecho.config import flag, options
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
-from dataecho.sources.nginx import NginxServer, find_nginx, group_pids
-from dataecho.train import TrainConfig, train
+from dataecho.app import demo
+from dataecho.app.checkpoint import latest_checkpoint
+from dataecho.app.cli import COMMANDS, build_parser, main
+from dataecho.app.config import flag, options
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
+from dataecho.app.sources.nginx import NginxServer, find_nginx, group_pids
+from dataecho.app.train import TrainConfig, train
 
 needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
@@ -59,7 +59,7 @@ TINY = ["--batch-size", "64", "--eval-examples", "100", "--eval-every", "256", "
 
 def run_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
     """``dataecho ARGS`` as a user runs it: a separate process; status, stdout, stderr."""
-    return subprocess.run([sys.executable, "-m", "dataecho.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dataecho.app", *args], capture_output=True,
                           text=True, timeout=timeout, env=ENV)  # fmt: skip
 
 
@@ -244,7 +244,7 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_leaves_no_worker_behind(
     small_dir, signum, status, message
 ):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dataecho.cli", "train", "--data-dir", str(small_dir),
+        [sys.executable, "-m", "dataecho.app", "train", "--data-dir", str(small_dir),
          "--read-delay", "0.002", "--budget", "100000", "--target-accuracy", "off", *TINY],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
         start_new_session=True,  # its own process group, as a shell job has
@@ -288,7 +288,7 @@ def test_a_command_is_required_and_every_command_has_help(capsys):
 
 def test_console_script_points_at_main():
     (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == "dataecho"]
-    assert script.value == "dataecho.cli:main"
+    assert script.value == "dataecho.app:main"
 
 
 # --- errors raised in a loader worker, and the HTTP timeout -----------------------------------
@@ -332,7 +332,7 @@ def test_a_bad_record_read_in_a_worker_is_one_paragraph_with_its_traceback_below
     assert head.endswith("(in DataLoader worker process 0; its traceback below)")
     assert below.startswith("DataLoader worker process 0: Traceback (most recent call last):")
     assert "in _decode_image" in below  # where it failed, for a bug report
-    assert "dataecho.sources.retrying.BadRecordError: bad record in" in below
+    assert "dataecho.app.sources.retrying.BadRecordError: bad record in" in below
 
 
 @needs_data

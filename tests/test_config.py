@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataecho.config import (
+from dataecho.app.config import (
     CLI_TARGETS,
     MAX_SEED,
     WORKLOAD_DEFAULTS,
@@ -21,8 +21,8 @@ from dataecho.config import (
     options,
     read_toml,
 )
-from dataecho.sources.austen import DEFAULT_PACKAGE_DIR
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR
+from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 
 
 @pytest.mark.parametrize("workload", ["cnn", "char-lm"])

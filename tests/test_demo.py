@@ -14,8 +14,8 @@ import pytest
 from conftest import needs_nginx
 from PIL import Image
 
-from dataecho.cli import main
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
+from dataecho.app.cli import main
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
 
 needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
@@ -139,7 +139,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.timeout(120)
 def test_ctrl_c_during_a_run_leaves_no_nginx_or_worker(tmp_path):
     """As a user would: a separate process, SIGINT once the first run is training."""
-    argv = [sys.executable, "-m", "dataecho.cli", "demo", "--quick", "--budget", "40000",
+    argv = [sys.executable, "-m", "dataecho.app", "demo", "--quick", "--budget", "40000",
             "--work-dir", str(tmp_path / "work"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

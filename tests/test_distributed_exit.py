@@ -1,4 +1,4 @@
-"""SIGINT/SIGTERM in a data-parallel run with ``--checkpoint-on-exit`` (dataecho.distributed.signals):
+"""SIGINT/SIGTERM in a data-parallel run with ``--checkpoint-on-exit`` (dataecho.app.distributed.signals):
 every rank stops after the same exchange, one final checkpoint, an exact resume, nothing left.
 
 In this process: the handlers (a flag during a step, a wait cut short only past the grace,
@@ -28,13 +28,18 @@ import pytest
 from conftest import wait_for_log
 from test_distributed_sync import run_ranks as sync_run_ranks
 
-from dataecho.checkpoint import list_checkpoints, load_checkpoint
-from dataecho.config import TrainConfig, config_from
-from dataecho.distributed.launch import stopped_by
-from dataecho.distributed.signals import StopSignals, stopping, void
-from dataecho.shutdown import Terminated
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, write_subset
-from dataecho.sources.nginx import group_pids
+from dataecho.app.checkpoint import list_checkpoints, load_checkpoint
+from dataecho.app.config import TrainConfig, config_from
+from dataecho.app.distributed.launch import stopped_by
+from dataecho.app.distributed.signals import StopSignals, stopping, void
+from dataecho.app.shutdown import Terminated
+from dataecho.app.sources.fashion_mnist import (
+    DEFAULT_DATA_DIR,
+    FILES,
+    INSTALL_COMMAND,
+    write_subset,
+)
+from dataecho.app.sources.nginx import group_pids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -179,7 +184,7 @@ def run_ranks(fn: Any, *args: Any, timeout: float = 100) -> list[Any]:
 
 def _rank(rank: int, settings: dict, fault: tuple | None) -> dict[str, Any]:
     """One rank of a run; with ``fault``, rank 1 signals itself (:class:`SignalAt`)."""
-    import dataecho.distributed.loop as loop
+    import dataecho.app.distributed.loop as loop
 
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "3"  # a grace of 1 s
     if fault is not None:
@@ -266,7 +271,7 @@ def test_sigterm_to_a_launched_run_checkpoints_every_rank_at_one_step_and_resume
     flags = [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", v)]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dataecho.cli", "train", "--nproc", "2", *flags,
+            [sys.executable, "-m", "dataecho.app", "train", "--nproc", "2", *flags,
              "--budget", "1000000", "--checkpoint-dir", str(folder), "--checkpoint-on-exit",
              "--no-progress"],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

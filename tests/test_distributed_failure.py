@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from test_distributed_sync import start_ranks
 
-from dataecho.distributed import Guard, RankFailure
-from dataecho.distributed.group import HEARTBEAT, init_group, shutdown_group
+from dataecho.app.distributed import Guard, RankFailure
+from dataecho.app.distributed.group import HEARTBEAT, init_group, shutdown_group
 
 TIMEOUT = 4.0  # seconds a collective may wait: the hang case waits this long
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from dataecho.distributed import CommStats, GradientSync, Guard, ModelAveraging, fresh_batches
-from dataecho.distributed.group import init_group, shutdown_group
-from dataecho.distributed.sync import CONTROL
+from dataecho.app.distributed import CommStats, GradientSync, Guard, ModelAveraging, fresh_batches
+from dataecho.app.distributed.group import init_group, shutdown_group
+from dataecho.app.distributed.sync import CONTROL
 from dataecho.loader import EchoingDataLoader
 from dataecho.loader.reading import IndexedReader, data_parallel_rank, epoch_order, reader_share
 

@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from dataecho import cli
-from dataecho.checkpoint import list_checkpoints, load_checkpoint
-from dataecho.config import ConfigError, TrainConfig, config_from
-from dataecho.train import train
+from dataecho.app import cli
+from dataecho.app.checkpoint import list_checkpoints, load_checkpoint
+from dataecho.app.config import ConfigError, TrainConfig, config_from
+from dataecho.app.train import train
 
 TINY = ["--train-examples", "1024", "--batch-size", "64", "--num-workers", "0",
         "--eval-examples", "200", "--eval-every", "512", "--target-accuracy", "off",

@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
+from dataecho.app.sources.emulated import EmulatedStorage, EmulatedStream, open_emulated
+from dataecho.app.sources.shards import ShardDataset, shard_urls, write_image_shards
 from dataecho.loader import EchoingDataLoader
-from dataecho.sources.emulated import EmulatedStorage, EmulatedStream, open_emulated
-from dataecho.sources.shards import ShardDataset, shard_urls, write_image_shards
 
 gopen = importlib.import_module("webdataset.gopen")
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from dataecho.evaluation import BackgroundEvaluator
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
-from dataecho.train import TrainConfig, train
+from dataecho.app.evaluation import BackgroundEvaluator
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
+from dataecho.app.train import TrainConfig, train
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dataecho.sources.fashion_mnist import (
+from dataecho.app.sources.fashion_mnist import (
     DEFAULT_DATA_DIR,
     FILES,
     INSTALL_COMMAND,

@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 from conftest import needs_nginx
 
-from dataecho.loader import EchoingDataLoader
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
-from dataecho.sources.nginx import (
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
+from dataecho.app.sources.nginx import (
     NginxNotFoundError,
     NginxServer,
     _direct,
     find_nginx,
     group_pids,
 )
-from dataecho.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
+from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
+from dataecho.loader import EchoingDataLoader
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +145,7 @@ def run_child(body: str, tmp: Path) -> subprocess.Popen:
     script = textwrap.dedent(
         """
         import sys, time
-        from dataecho.sources.nginx import NginxServer
+        from dataecho.app.sources.nginx import NginxServer
         """
     ) + textwrap.dedent(body)
     return subprocess.Popen(

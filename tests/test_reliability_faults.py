@@ -22,10 +22,10 @@ import pytest
 from conftest import needs_nginx, torch_roundtrip
 from test_reliability_resume import damage_png, shard_positions, synthetic
 
+from dataecho.app.sources.nginx import NginxServer
+from dataecho.app.sources.retrying import Backoff, BadRecordError, ShardReadError, is_transient
+from dataecho.app.sources.shards import ShardDataset, write_image_shards
 from dataecho.loader import EchoingDataLoader
-from dataecho.sources.nginx import NginxServer
-from dataecho.sources.retrying import Backoff, BadRecordError, ShardReadError, is_transient
-from dataecho.sources.shards import ShardDataset, write_image_shards
 
 N, PER_SHARD = 120, 40
 

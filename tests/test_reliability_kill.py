@@ -24,9 +24,9 @@ from conftest import wait_until
 from test_lifetime import alive
 from test_reliability_resume import synthetic
 
-from dataecho.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND
-from dataecho.sources.shards import write_image_shards
+from dataecho.app.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND
+from dataecho.app.sources.shards import write_image_shards
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES, BUDGET = 600, 1200  # two epochs: the kill may land in either
@@ -45,7 +45,7 @@ def train(shards: Path, ckpt: Path, *extra: str) -> subprocess.Popen:
     log = open(ckpt.parent / f"{ckpt.name}.log", "a")  # noqa: SIM115 (the child holds it)
     with log:
         return subprocess.Popen(
-            [sys.executable, "-m", "dataecho.cli", "train", *args],
+            [sys.executable, "-m", "dataecho.app", "train", *args],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from conftest import needs_nginx, run_test_save_load_state, torch_roundtrip
 
+from dataecho.app.sources.nginx import NginxServer
+from dataecho.app.sources.shards import ShardDataset, write_image_shards
 from dataecho.loader import EchoingDataLoader
-from dataecho.sources.nginx import NginxServer
-from dataecho.sources.shards import ShardDataset, write_image_shards
 
 
 def synthetic(n: int, seed: int = 0):

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 import pytest
 from PIL import Image
 
-from dataecho.report import COLUMNS, LEADING_CSV, ReportMeta, format_table, summarize, write_report
+from dataecho.app.report import (
+    COLUMNS,
+    LEADING_CSV,
+    ReportMeta,
+    format_table,
+    summarize,
+    write_report,
+)
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,7 @@ class Cfg:
 
 @dataclass
 class Result:
-    """The fields of dataecho.train.TrainResult that the report reads."""
+    """The fields of dataecho.app.train.TrainResult that the report reads."""
 
     config: Cfg
     test_accuracy: float

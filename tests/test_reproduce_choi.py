@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dataecho.reproduce import _choi_scaling, choi
-from dataecho.reproduce._choi_report import time_rows
-from dataecho.reproduce._lean_train import Condition, run_trial
-from dataecho.reproduce._workloads import cnn_workload
+from experiments import _choi_scaling, choi
+from experiments._choi_report import time_rows
+from experiments._lean_train import Condition, run_trial
+from experiments._workloads import cnn_workload
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""`dataecho reproduce laggard --quick` (dataecho.reproduce.laggard and its _laggard_* parts)."""
+"""`dataecho reproduce laggard --quick` (experiments.laggard and its _laggard_* parts)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,10 @@ import math
 import pytest
 import torch
 
-from dataecho.algorithms import (
-    LogisticProblem,
-    covertype_like,
-    fresh_batches_to_converge,
-    lbfgs_optimum,
-    logistic_loss,
-)
-from dataecho.reproduce import laggard
-from dataecho.reproduce._laggard_claims import useful_k, wall_speedups
-from dataecho.reproduce._laggard_sweep import (
+from dataecho.app.sources import fashion_mnist as fm
+from experiments import laggard
+from experiments._laggard_claims import useful_k, wall_speedups
+from experiments._laggard_sweep import (
     MOMENTUM_SPACE,
     Config,
     constants,
@@ -25,8 +19,10 @@ from dataecho.reproduce._laggard_sweep import (
     nesterov_rates,
     tuned_nesterov,
 )
-from dataecho.reproduce.tuning import quasi_random_points
-from dataecho.sources import fashion_mnist as fm
+from experiments.convergence import fresh_batches_to_converge
+from experiments.logistic import LogisticProblem, covertype_like, logistic_loss
+from experiments.optimum import lbfgs_optimum
+from experiments.tuning import quasi_random_points
 
 HAVE_FMNIST = (fm.DEFAULT_DATA_DIR / fm.FILES["train"][0]).is_file()
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataecho.reproduce import stochastic
-from dataecho.reproduce._stochastic_train import (
+from experiments import stochastic
+from experiments._stochastic_train import (
     Setting,
     fresh_batches,
     gradient_bias,

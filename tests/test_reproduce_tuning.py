@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dataecho.reproduce.tuning import (
+from experiments.tuning import (
     LogUniform,
     Trial,
     quasi_random_points,

@@ -14,9 +14,8 @@ import torch
 from conftest import torch_roundtrip
 from test_reliability_resume import damage_png
 
-from dataecho.loader import EchoingDataLoader
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
-from dataecho.sources.shards import (
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
+from dataecho.app.sources.shards import (
     MANIFEST,
     ShardDataset,
     load_manifest,
@@ -24,6 +23,7 @@ from dataecho.sources.shards import (
     write_image_shards,
     write_text_shards,
 )
+from dataecho.loader import EchoingDataLoader
 
 needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["test"][0]).is_file(),

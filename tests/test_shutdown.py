@@ -1,5 +1,5 @@
 """SIGINT/SIGTERM during training: a final checkpoint that matches the model, exact resume, and
-nothing left running (dataecho.shutdown, ``dataecho train --checkpoint-on-exit``).
+nothing left running (dataecho.app.shutdown, ``dataecho train --checkpoint-on-exit``).
 
 In this process: the real loader with signals sent to ourselves at chosen moments (while the
 loop waits for a batch, during a step, twice). In real processes: ``dataecho train`` signalled
@@ -24,14 +24,19 @@ from test_loader import Numbers
 from test_reliability_resume import synthetic
 
 from dataecho import EchoingDataLoader
-from dataecho.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from dataecho.cli import build_parser
-from dataecho.config import ConfigError, TrainConfig, config_from
-from dataecho.shutdown import ExitCheckpoint, Terminated
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, write_subset
-from dataecho.sources.nginx import group_pids
-from dataecho.sources.shards import write_image_shards
-from dataecho.train import train
+from dataecho.app.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dataecho.app.cli import build_parser
+from dataecho.app.config import ConfigError, TrainConfig, config_from
+from dataecho.app.shutdown import ExitCheckpoint, Terminated
+from dataecho.app.sources.fashion_mnist import (
+    DEFAULT_DATA_DIR,
+    FILES,
+    INSTALL_COMMAND,
+    write_subset,
+)
+from dataecho.app.sources.nginx import group_pids
+from dataecho.app.sources.shards import write_image_shards
+from dataecho.app.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -190,7 +195,7 @@ def start(upstream: str, ckpt: Path, data_dir: Path) -> subprocess.Popen:
     log = open(f"{ckpt}.log", "w")  # noqa: SIM115 (the child holds it)
     with log:
         return subprocess.Popen(
-            [sys.executable, "-m", "dataecho.cli", "train", "--upstream", upstream, *RUN,
+            [sys.executable, "-m", "dataecho.app", "train", "--upstream", upstream, *RUN,
              "--data-dir", str(data_dir), "--budget", "1000000", "--checkpoint-dir", str(ckpt), "--checkpoint-every",
              "100000", "--checkpoint-on-exit"],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -286,7 +291,7 @@ def test_sigterm_to_a_data_parallel_launcher_stops_every_rank_and_exits_143(smal
     log = tmp_path / "launcher.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dataecho.cli", "train", "--nproc", "2", "--data-dir",
+            [sys.executable, "-m", "dataecho.app", "train", "--nproc", "2", "--data-dir",
              str(small), "--read-delay", "0.002", "--batch-size", "32", "--num-workers", "1",
              "--eval-every", "128", "--eval-examples", "100", "--budget", "1000000",
              "--target-accuracy", "off", "--no-progress"],

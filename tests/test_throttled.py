@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from dataecho.app.sources.throttled import _SLACK_SECONDS, Throttled
 from dataecho.loader import EchoingDataLoader
-from dataecho.sources.throttled import _SLACK_SECONDS, Throttled
 
 
 class Recording:

@@ -14,16 +14,16 @@ import torch
 from test_checkpoint import file_size_limit
 from test_reliability_resume import damage_png
 
-from dataecho.checkpoint import (
+from dataecho.app.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
 )
-from dataecho.sources.austen import DEFAULT_PACKAGE_DIR
-from dataecho.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
-from dataecho.train import TrainConfig, measure_step_seconds, train
-from dataecho.upstream import prepare
+from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
+from dataecho.app.train import TrainConfig, measure_step_seconds, train
+from dataecho.app.upstream import prepare
 
 pytestmark = [
     pytest.mark.skipif(

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from dataecho.config import TrainConfig
-from dataecho.sources.austen import DEFAULT_PACKAGE_DIR
-from dataecho.sources.austen import INSTALL_COMMAND as AUSTEN_INSTALL
-from dataecho.sources.emulated import EmulatedStorage
-from dataecho.sources.fashion_mnist import (
+from dataecho.app.config import TrainConfig
+from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
+from dataecho.app.sources.austen import INSTALL_COMMAND as AUSTEN_INSTALL
+from dataecho.app.sources.emulated import EmulatedStorage
+from dataecho.app.sources.fashion_mnist import (
     DEFAULT_DATA_DIR,
     FILES,
     INSTALL_COMMAND,
@@ -22,10 +22,10 @@ from dataecho.sources.fashion_mnist import (
     load_split,
     write_subset,
 )
-from dataecho.sources.shards import MANIFEST, ShardDataset, write_text_shards
-from dataecho.sources.throttled import Throttled
-from dataecho.upstream import SplitChunk, UpstreamError, build_data, prepare
-from dataecho.workloads.augment import Augment
+from dataecho.app.sources.shards import MANIFEST, ShardDataset, write_text_shards
+from dataecho.app.sources.throttled import Throttled
+from dataecho.app.upstream import SplitChunk, UpstreamError, build_data, prepare
+from dataecho.app.workloads.augment import Augment
 
 needs_fashion = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),

@@ -1,0 +1,255 @@
+"""``dataecho demo``: an input-bound run over a real HTTP server, trained with and without echoing.
+
+    dataecho demo             # ~2-4 minutes on 2 cores; writes runs/<timestamp>/
+    dataecho demo --quick     # seconds: a tiny subset, a low target, one evaluation
+
+Steps: write the Fashion-MNIST training set once as WebDataset shards (cached in --work-dir);
+pick nginx's bandwidth cap so that one batch takes R steps' time to arrive, *measuring* R on
+the real parts (:mod:`dataecho.app.calibration`: a first guess from the step's time, then
+``dataecho.profile`` on the real loader, then a short probe through the training loop); then
+train to the target three times (no echo, a fixed factor, ``auto``) and write the table,
+``report.md``, ``metrics.csv`` and ``curves.png``. The run's own R (time per step over compute
+per step) is reported too.
+Without nginx (or with --emulate) the shards are read through the storage *emulation*
+(:mod:`dataecho.app.sources.emulated`), and every number says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
+from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
+from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
+from dataecho.app.train import TrainConfig, train
+from dataecho.app.upstream import prepare
+
+DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
+DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
+# A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
+EXAMPLES_PER_SHARD = 1000
+SHUFFLE_BATCHES = 10  # post-echo shuffle buffer, in batches
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The demo's sizes; ``--quick`` swaps in tiny ones (for tests and a first look)."""
+
+    examples: int | None = None  # training examples written as shards (None: all 60,000)
+    batch_size: int = 128
+    budget: int = 120_000  # fresh examples per run at most
+    eval_every: int = 3_000  # fresh examples between evaluations
+    eval_examples: int = 5_000  # test examples per evaluation (~0.25 s on one core)
+    # A first look at 1,000 of them (~0.05 s); the full 5,000 only within 2 points of the
+    # target. The echoed runs cannot hide evaluations behind the upstream as the no-echo
+    # run does (docs/benchmarks.md), so their cost matters.
+    screen_examples: int = 1_000
+    # ... and in a background thread on a snapshot (dataecho.app.evaluation), so that a run with
+    # no slack (echoing at e = R) need not stop for them either; a target counts when its
+    # evaluation has finished.
+    eval_in_background: bool = True
+    profile_seconds: float = 8.0  # 40% upstream, 20% step, 40% both
+    probe_examples: int = 12_000  # the calibration's run through the training loop (~12 s)
+    examples_per_shard: int = EXAMPLES_PER_SHARD
+
+
+QUICK = Plan(examples=2_048, batch_size=64, budget=2_048, eval_every=2_048, eval_examples=500,
+             profile_seconds=1.5, probe_examples=0, screen_examples=0,
+             examples_per_shard=256)  # fmt: skip
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``dataecho demo``."""
+    add = p.add_argument
+    # fmt: off
+    add("--data-dir", type=Path, default=DEFAULT_DATA_DIR, metavar="DIR",
+        help="Fashion-MNIST IDX files (default: %(default)s)")
+    add("--work-dir", type=Path, default=DEFAULT_WORK_DIR, metavar="DIR",
+        help="cache of the prepared shards (default: %(default)s)")
+    add("--runs-dir", type=Path, default=Path("runs"), metavar="DIR",
+        help="reports go to DIR/<timestamp>/ (default: %(default)s)")
+    add("--target", type=_fraction, default=None, metavar="ACC",
+        help=f"evaluation accuracy each run trains to (default: {DEFAULT_TARGET}; "
+        f"{QUICK_TARGET} with --quick)")
+    add("--echo-factor", type=_at_least_one, default=4.0, metavar="E",
+        help="echo factor of the fixed-factor run (default: %(default)s)")
+    add("--max-echo-factor", type=_at_least_one, default=8.0, metavar="E",
+        help="the most copies the 'auto' run may make of one example (default: %(default)s)")
+    add("--upstream-ratio", type=_positive, default=4.0, metavar="R",
+        help="choose the bandwidth cap for R = t_up / t_down (default: %(default)s)")
+    add("--bandwidth", type=_positive, default=None, metavar="BYTES_PER_S",
+        help="a total bandwidth cap of your own instead (R is still measured)")
+    add("--emulate", action="store_true",
+        help="read the shards through the storage emulation, not nginx (automatic without it)")
+    add("--budget", type=_positive_int, default=None, metavar="N",
+        help=f"fresh examples per run at most (default: {Plan.budget:,})")
+    add("--seed", type=_non_negative_int, default=0, metavar="N")
+    add("--augment-pad", type=_non_negative_int, default=2, metavar="N",
+        help="random shift of up to N pixels in the augmentation (default: %(default)s); "
+        "less augmentation reaches the target sooner with and without echoing, and echoing "
+        "then saves less (docs/benchmarks.md)")
+    add("--quick", action="store_true",
+        help="tiny settings for a smoke test: 2,048 examples, a low target, one evaluation")
+    # fmt: on
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo as ``args`` say; print the table and the report folder. Returns 0."""
+    from dataecho.app.report import ReportMeta, format_table, write_report  # matplotlib: only here
+
+    plan = QUICK if args.quick else Plan()
+    if args.budget is not None:
+        plan = dataclasses.replace(plan, budget=args.budget)
+    target = args.target or (QUICK_TARGET if args.quick else DEFAULT_TARGET)
+    load_before = _load()
+    shard_dir, manifest = _prepare(args, plan)
+    emulate = args.emulate or _nginx_missing()
+    cal = calibrate(shard_dir, manifest, aim=args.upstream_ratio, data_dir=args.data_dir,
+                    batch_size=plan.batch_size, seed=args.seed,
+                    profile_seconds=plan.profile_seconds, probe_examples=plan.probe_examples,
+                    # the runs' typical evaluation: the screen, where there is one
+                    eval_every=plan.eval_every,
+                    eval_examples=plan.screen_examples or plan.eval_examples,
+                    eval_in_background=plan.eval_in_background, bandwidth=args.bandwidth,
+                    emulate=emulate)  # fmt: skip
+    with serve(shard_dir, cal.rate, emulate) as up:
+        print(f"upstream: {up.description}")
+        results = [train(cfg, log=tqdm.write) for cfg in _configs(up.url, plan, args, target)]
+    base = results[0]  # R as the no-echo run lived it: time per step over compute per step
+    lived_ratio = (base.wall_seconds - base.eval_seconds) / max(base.step_seconds, 1e-9)
+    print()
+    print(format_table(results))
+    print(f"R during the no-echo run: {lived_ratio:.2f} (time per step over compute per step)")
+    if emulate:
+        print(f"EMULATION: these numbers come from {up.description}")
+    meta = ReportMeta(
+        command=_command(args),
+        machine=_machine(),
+        upstream=up.description,
+        emulated=emulate,
+        ratio=lived_ratio,
+        ratio_how="in the no-echo run: time per step, evaluations excluded, over the step's "
+        f"compute time; before the runs: dataecho.profile {cal.profiled_ratio:.2f} with the "
+        f"step's time while the loader runs ({cal.report.ratio:.2f} with the step alone)"
+        + ("" if cal.probed_ratio is None else f", a probe of the loop {cal.probed_ratio:.2f}"),
+        bandwidth_bytes_per_s=cal.rate,
+        load=f"before: {load_before}; after: {_load()}",
+        notes=(
+            *cal.notes,
+            f"augmentation after the echo stage: a random shift of up to "
+            f"{args.augment_pad} pixels and a flip; echoing's saving grows with it, and so "
+            f"does the no-echo run's time to this early target (docs/benchmarks.md)",
+        ),
+    )
+    out = write_report(results, _new_run_dir(args.runs_dir), meta=meta)
+    print(f"\nreport: {out / 'report.md'} (and metrics.csv, curves.png in {out})")
+    return 0
+
+
+def _prepare(args: argparse.Namespace, plan: Plan) -> tuple[Path, dict[str, Any]]:
+    """The training shards in the cache; written on the first call only (~20 s for 60,000)."""
+    n = "all" if plan.examples is None else str(plan.examples)
+    out = args.work_dir / "shards" / f"fashion-mnist-{n}-{plan.examples_per_shard}"
+    print(f"shards: {out} (written once, then reused)")
+    manifest, _ = prepare(out, data_dir=args.data_dir, examples=plan.examples,
+                          examples_per_shard=plan.examples_per_shard)  # fmt: skip
+    return out, manifest
+
+
+def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> list[TrainConfig]:
+    """No echo, the fixed factor and auto, alike in all else; copies get a shuffle buffer."""
+    shuffle = SHUFFLE_BATCHES * plan.batch_size  # spreads copies apart (Choi et al.)
+    common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
+                  budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
+                  eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,
+                  eval_in_background=plan.eval_in_background,
+                  num_workers=WORKERS, threads=THREADS,
+                  seed=args.seed, augment_pad=args.augment_pad, progress=True,
+                  where="before_augment")  # fmt: skip
+    runs = [("no echo", 1.0, 0), (f"e={args.echo_factor:g}", args.echo_factor, shuffle),
+            ("auto", "auto", shuffle)]  # fmt: skip
+    return [TrainConfig(name=name, echo_factor=e, shuffle_buffer=buf,
+                        max_echo_factor=args.max_echo_factor, **common)
+            for name, e, buf in runs]  # fmt: skip
+
+
+# --- small helpers ----------------------------------------------------------------------------
+
+
+def _nginx_missing() -> bool:
+    try:
+        find_nginx()
+    except NginxNotFoundError as err:
+        print(f"{err}\nFalling back to the EMULATION of the server.")
+        return True
+    return False
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The demo's command with every option spelled out, so the report can be rerun."""
+    parts = ["dataecho demo"]
+    for key, value in sorted(vars(args).items()):
+        if key.startswith("_") or key == "command" or value is None or value is False:
+            continue
+        parts.append(f"--{key.replace('_', '-')}" + ("" if value is True else f" {value}"))
+    return " ".join(parts)
+
+
+def _machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.machine())  # fmt: skip
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{cpu}, {cores} cores usable; torch {torch.__version__} on {THREADS} thread(s), "
+            f"{WORKERS} loader worker(s); Python {platform.python_version()}")  # fmt: skip
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _load() -> str:
+    """Load averages (1, 5, 15 min), as `uptime` prints them: other jobs share the cores."""
+    if not hasattr(os, "getloadavg"):
+        return "n/a"
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _new_run_dir(runs_dir: Path) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, n = runs_dir / stamp, 1
+    while out.exists():  # two demos in the same second
+        out, n = runs_dir / f"{stamp}-{n}", n + 1
+    return out
+
+
+def _type(convert, ok, want: str):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}")
+        return value
+
+    return parse
+
+
+_fraction = _type(float, lambda v: 0 < v <= 1, "an accuracy in (0, 1]")
+_at_least_one = _type(float, lambda v: 1 <= v < float("inf"), "a finite number >= 1")
+_positive = _type(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
+_positive_int = _type(int, lambda v: v >= 1, "an integer >= 1")
+_non_negative_int = _type(int, lambda v: v >= 0, "an integer >= 0")

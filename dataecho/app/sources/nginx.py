@@ -1,0 +1,318 @@
+"""A real nginx serving a folder over loopback, with a bandwidth cap: the "remote" upstream.
+
+    with NginxServer("shards/", rate_limit_bytes_per_s=2_000_000) as server:
+        dataset = ShardDataset(server.url)
+
+Everything nginx writes (config, pid, logs, temp files) lives in a fresh temp folder. nginx runs
+in the foreground (``daemon off``) in its own process group, and is stopped (SIGTERM, then
+SIGKILL for the whole group) on ``__exit__``, on an error while starting, on Ctrl-C (the
+``KeyboardInterrupt`` runs ``__exit__``), at interpreter exit (``atexit``) and, on Linux, when
+the Python process dies without cleaning up (the kernel's parent-death signal).
+
+Bandwidth: nginx's ``limit_rate`` caps each *connection*. Every shard is one HTTP request
+(:mod:`dataecho.app.sources.retrying`), and each DataLoader worker streams one shard at a time, so
+``n`` workers get up to ``n`` x the cap in total. To cap the total, pass ``total_rate_bytes_per_s``
+and the number of concurrent readers (``connections``): each gets an equal share.
+
+nginx paces a capped response by sending a chunk and then waiting ``chunk / rate``; the first
+chunk goes out at once. With nginx's default chunk (up to one second's worth) a file smaller
+than the per-second cap would arrive unthrottled, so the config sets ``sendfile_max_chunk`` to
+1/50 s worth: even a 100 KB file takes its ``size / rate`` (measured within ~3% on loopback).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import grp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from dataecho import _validate
+
+INSTALL_HINT = "apt-get install nginx-light  (or: apt-get install nginx; as root or with sudo)"
+_FALLBACK_BINARY = "/usr/sbin/nginx"
+# Loopback requests must not go to an http_proxy named in the environment.
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class NginxNotFoundError(FileNotFoundError):
+    """No nginx binary; the message says how to install one."""
+
+
+class NginxServer:
+    """nginx serving ``root_dir`` read-only at ``self.url`` (``http://127.0.0.1:<port>``).
+
+    Args:
+        root_dir: the folder to serve.
+        rate_limit_bytes_per_s: cap per connection (``limit_rate``); None for no cap.
+        total_rate_bytes_per_s: a total cap shared by ``connections`` concurrent readers
+            (each gets ``total / connections``); give at most one of the two caps.
+        connections: with ``total_rate_bytes_per_s``: how many read at once (workers x ranks).
+        port: the port on 127.0.0.1 (default: a free one).
+        binary: the nginx executable (default: ``nginx`` on PATH, else /usr/sbin/nginx).
+        startup_timeout_s: how long to wait for nginx to answer HTTP.
+    """
+
+    def __init__(
+        self,
+        root_dir: str | Path,
+        *,
+        rate_limit_bytes_per_s: int | None = None,
+        total_rate_bytes_per_s: int | None = None,
+        connections: int = 1,
+        port: int | None = None,
+        binary: str | Path | None = None,
+        startup_timeout_s: float = 10.0,
+    ) -> None:
+        self.root_dir = Path(root_dir).resolve()
+        if not self.root_dir.is_dir():
+            raise FileNotFoundError(f"NginxServer: root_dir {str(root_dir)!r} is not a folder")
+        if rate_limit_bytes_per_s is not None and total_rate_bytes_per_s is not None:
+            raise ValueError(
+                f"give at most one of rate_limit_bytes_per_s (per connection, got "
+                f"{rate_limit_bytes_per_s!r}) and total_rate_bytes_per_s (got "
+                f"{total_rate_bytes_per_s!r})"
+            )
+        connections = _validate.positive_int(connections, name="connections")
+        if total_rate_bytes_per_s is not None:
+            total = _validate.positive_int(total_rate_bytes_per_s, name="total_rate_bytes_per_s")
+            rate_limit_bytes_per_s = max(1, total // connections)
+        elif rate_limit_bytes_per_s is not None:
+            rate_limit_bytes_per_s = _validate.positive_int(
+                rate_limit_bytes_per_s, name="rate_limit_bytes_per_s", hint="or None for no cap"
+            )
+        self.rate_limit = rate_limit_bytes_per_s  # per connection, bytes/s, or None
+        self._fixed_port = None if port is None else _validate.positive_int(port, name="port")
+        self.port = self._fixed_port  # the port in use once started
+        self.binary = binary
+        self.startup_timeout_s = startup_timeout_s
+        self.prefix: Path | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``, the base for ``ShardDataset``; only while running."""
+        if self._proc is None:
+            raise RuntimeError("NginxServer is not running; use it as `with NginxServer(...):`")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The nginx master's pid (also its process group id), or None when stopped."""
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> NginxServer:
+        """Start nginx and wait until it answers HTTP; a failure leaves nothing running."""
+        if self._proc is not None:
+            return self
+        binary = find_nginx(self.binary)
+        self.prefix = Path(tempfile.mkdtemp(prefix="dataecho-nginx-"))
+        atexit.register(self.stop)
+        try:
+            for attempt in range(3):  # a free port found here may be taken before nginx binds
+                port = self._fixed_port or _free_port()
+                self._proc = self._spawn(binary, port)
+                if self._wait_ready(port):
+                    self.port = port
+                    return self
+                log = self._logs()
+                self._stop_process()
+                if self._fixed_port or "in use" not in log or attempt == 2:
+                    raise RuntimeError(f"nginx failed to start on 127.0.0.1:{port}:\n{log}")
+        except BaseException:  # also Ctrl-C while waiting: nothing may be left running
+            self.stop()
+            raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        """Stop nginx and every process of its group, and remove the temp folder. Idempotent."""
+        self._stop_process()
+        if self.prefix is not None:
+            shutil.rmtree(self.prefix, ignore_errors=True)
+            self.prefix = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> NginxServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def traffic(self) -> dict[str, int]:
+        """Successful (200) requests and their body bytes so far, from nginx's access log.
+
+        All connections together (every DataLoader worker); a request counts once finished.
+        """
+        if self.prefix is None:
+            raise RuntimeError("NginxServer is not running: its access log is gone")
+        requests = sent = 0
+        log = self.prefix / "access.log"
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            status, size, _ = line.split(" ", 2)
+            if status == "200":
+                requests, sent = requests + 1, sent + int(size)
+        return {"requests": requests, "bytes": sent}
+
+    def describe(self) -> str:
+        cap = f"{self.rate_limit / 1e6:.3g} MB/s per connection" if self.rate_limit else "no cap"
+        where = self.url if self._proc is not None else "(not running)"
+        return f"nginx at {where} serving {self.root_dir} ({cap})"
+
+    def _spawn(self, binary: str, port: int) -> subprocess.Popen:
+        assert self.prefix is not None
+        conf = self.prefix / "nginx.conf"
+        conf.write_text(self._config(port))
+        (self.prefix / "error.log").unlink(missing_ok=True)  # only this attempt's errors
+        out = open(self.prefix / "stderr.log", "wb")  # noqa: SIM115 (the child holds it)
+        with out:
+            return subprocess.Popen(
+                [binary, "-p", str(self.prefix), "-c", str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,  # own group: killpg reaches master and workers
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+
+    def _config(self, port: int) -> str:
+        p = self.prefix
+        rate = self.rate_limit or 0  # 0: no limit
+        # nginx sends a chunk, then waits chunk / rate. The first chunk goes out unpaced, so a
+        # small chunk (1/50 s worth) keeps small files from slipping through under the cap.
+        chunk = min(max(rate // 50, 8192), 2 << 20) if rate else 2 << 20
+        temps = "\n".join(
+            f"    {kind}_temp_path {_q(p / kind)};"
+            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        # As root, nginx's workers would run as "nobody" and could not read a 0700 temp folder.
+        user = ""
+        if os.geteuid() == 0:
+            user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
+        return f"""daemon off;
+master_process on;
+worker_processes 1;
+{user}
+pid {_q(p / "nginx.pid")};
+error_log {_q(p / "error.log")} warn;
+events {{ worker_connections 256; }}
+http {{
+    log_format dataecho "$status $body_bytes_sent $request_uri";
+    access_log {_q(p / "access.log")} dataecho;
+    default_type application/octet-stream;
+    sendfile on;
+    sendfile_max_chunk {chunk};
+    keepalive_timeout 5s;
+{temps}
+    server {{
+        listen 127.0.0.1:{port};
+        root {_q(self.root_dir)};
+        location / {{
+            limit_rate {rate};
+            limit_rate_after 0;
+        }}
+    }}
+}}
+"""
+
+    def _wait_ready(self, port: int) -> bool:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is None or self._proc.poll() is not None:
+                return False
+            try:
+                _direct.open(f"http://127.0.0.1:{port}/", timeout=1).close()
+                return True
+            except urllib.error.HTTPError:  # 403/404: it answers, which is all we wait for
+                return True
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.02)
+        return False
+
+    def _logs(self) -> str:
+        parts = []
+        for name in ("stderr.log", "error.log"):
+            path = (self.prefix or Path("/nonexistent")) / name
+            if path.is_file() and (text := path.read_text(errors="replace").strip()):
+                parts.append(f"[{name}]\n{text}")
+        return "\n".join(parts) or "(nginx wrote no log)"
+
+    def _stop_process(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _killpg(proc.pid, signal.SIGTERM)  # nginx: fast shutdown, closes connections
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        _killpg(proc.pid, signal.SIGKILL)  # any worker that outlived its master
+
+
+def find_nginx(binary: str | Path | None = None) -> str:
+    """The nginx executable: ``binary`` if given, else on PATH, else /usr/sbin/nginx."""
+    if binary is not None:
+        found = shutil.which(str(binary))
+    else:
+        found = shutil.which("nginx") or shutil.which(_FALLBACK_BINARY)
+    if found is None:
+        where = f"{str(binary)!r}" if binary is not None else f"on PATH or at {_FALLBACK_BINARY}"
+        raise NginxNotFoundError(
+            f"nginx not found ({where}). Install it with:  {INSTALL_HINT}\n"
+            "or use the emulated storage instead (dataecho.app.sources.emulated.EmulatedStorage)."
+        )
+    return found
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group ``pgid``, read from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _q(path: Path) -> str:
+    """A path as a quoted nginx config string."""
+    return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the thread that started it dies (Linux)."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,0 +1,166 @@
+"""What a run keeps and reports: its counters (checkpointed), one history row and log line
+per evaluation, and the :class:`TrainResult` at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from dataecho.app.config import TrainConfig
+from dataecho.app.training.recipe import metric_key
+from dataecho.app.upstream import Data
+from dataecho.loader import EchoingDataLoader
+
+
+@dataclass
+class TrainResult:
+    """What one run cost and reached. ``history`` has one row per evaluation with the keys
+    fresh, steps, seconds (wall since the start), accuracy (cnn) or val_loss (char-lm),
+    train_loss, realized_factor and stall (the last three over the interval since the row
+    before), and skipped_records (bad shard records skipped so far, with
+    ``on_bad_record="skip"``)."""
+
+    config: TrainConfig
+    test_accuracy: float | None  # cnn: whole test set, at the end (None for char-lm)
+    test_loss: float  # cross-entropy on the whole test (cnn) / validation (char-lm) split
+    fresh_examples: int  # read from upstream
+    echoed_examples: int  # extra copies trained on
+    steps: int
+    wall_seconds: float  # evaluations and checkpoints included (module docstring)
+    wait_seconds: float  # blocked on the loader
+    step_seconds: float  # forward, backward, update
+    eval_seconds: float
+    checkpoint_seconds: float
+    realized_factor: float  # examples trained on / fresh examples
+    reached_target: bool | None  # None when no target was set
+    fresh_to_target: int | None = None  # at the first evaluation that reached it
+    steps_to_target: int | None = None
+    seconds_to_target: float | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # training loss of every step
+    skipped_records: int = 0  # bad shard records skipped (on_bad_record="skip"), all workers
+
+    @property
+    def stall_fraction(self) -> float:
+        """Share of the wall time the loop waited for data."""
+        return self.wait_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def val_loss(self) -> float | None:
+        """char-lm: final validation cross-entropy, nats per character."""
+        return self.test_loss if self.config.workload == "char-lm" else None
+
+
+@dataclass
+class RunCounters:
+    """The loop's counters: all of it goes into a checkpoint, so a resume continues them."""
+
+    steps: int = 0
+    epoch: int = 0
+    next_eval: int = 0
+    seconds: float = 0.0  # wall time up to the last checkpoint (a resume starts from it)
+    step_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    loss_sum: float = 0.0  # training loss since the last evaluation
+    loss_count: int = 0
+    mark: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0.0])  # at the last eval:
+    # fresh, examples out, wait seconds, wall seconds
+    to_target: list[float] | None = None  # fresh, steps, seconds at the first target hit
+    done: bool = False
+
+
+def line_logger(cfg: TrainConfig, log: Callable[[str], None]) -> Callable[[str], None]:
+    if not cfg.progress:
+        return log
+
+    def say(line: str) -> None:
+        with tqdm.external_write_mode():  # the line goes above the live bar, not through it
+            log(line)
+
+    return say
+
+
+def history_row(
+    cfg: TrainConfig,
+    run: RunCounters,
+    loader: EchoingDataLoader,
+    metric: float,
+    screened: int,
+    seconds: float,
+) -> dict[str, float]:
+    s = loader.stats
+    fresh0, out0, wait0, seconds0 = run.mark
+    row = {
+        "fresh": s.fresh_examples,
+        "steps": run.steps,
+        "seconds": seconds,
+        metric_key(cfg): metric,
+        "train_loss": run.loss_sum / max(run.loss_count, 1),
+        "realized_factor": (s.examples_out - out0) / max(s.fresh_examples - fresh0, 1),
+        "stall": (s.wait_seconds - wait0) / max(seconds - seconds0, 1e-9),
+        # Cumulative: R = time per step over compute per step, evaluations excluded, between
+        # any two rows (what the demo's calibration measures on the real loop).
+        "step_seconds": run.step_seconds,
+        "eval_seconds": run.eval_seconds,
+        "screened": screened,  # 1: only the cheap screen ran (see periodic_evaluation)
+        "skipped_records": skipped_records(loader),
+    }
+    run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
+    run.loss_sum, run.loss_count = 0.0, 0
+    return row
+
+
+def log_line(cfg: TrainConfig, row: dict[str, float]) -> str:
+    metric = (f"test acc {row['accuracy']:.4f}" if cfg.workload == "cnn"
+              else f"val loss {row['val_loss']:.3f}")  # fmt: skip
+    skipped = row.get("skipped_records", 0)
+    return (
+        f"[{cfg.name}] step {row['steps']:6,d} | fresh {row['fresh']:8,d} | "
+        f"echo {row['realized_factor']:4.2f}x | stall {row['stall']:4.0%} | "
+        f"loss {row['train_loss']:.3f} | {metric} | {row['seconds']:6.1f} s"
+        + (f" | {skipped:,} bad record(s) skipped" if skipped else "")
+    )
+
+
+def train_result(
+    cfg: TrainConfig, run: RunCounters, loader: EchoingDataLoader, final: tuple, history: list,
+    losses: list[float],
+) -> TrainResult:  # fmt: skip
+    s = loader.stats
+    reached = None if cfg.target is None else run.to_target is not None
+    fresh_t, steps_t, seconds_t = run.to_target or (None, None, None)
+    return TrainResult(
+        config=cfg,
+        test_accuracy=final[0],
+        test_loss=final[1],
+        fresh_examples=s.fresh_examples,
+        echoed_examples=s.echoed_examples,
+        steps=run.steps,
+        wall_seconds=run.seconds,
+        wait_seconds=s.wait_seconds,
+        step_seconds=run.step_seconds,
+        eval_seconds=run.eval_seconds,
+        checkpoint_seconds=run.checkpoint_seconds,
+        realized_factor=s.realized_factor,
+        reached_target=reached,
+        fresh_to_target=None if fresh_t is None else int(fresh_t),
+        steps_to_target=None if steps_t is None else int(steps_t),
+        seconds_to_target=seconds_t,
+        history=history,
+        losses=losses,
+        skipped_records=skipped_records(loader),
+    )
+
+
+def skipped_records(loader: EchoingDataLoader) -> int:
+    """Bad records the loader's dataset skipped so far (``ShardDataset.skipped_total``, every
+    worker's); 0 for a dataset that skips nothing."""
+    return int(getattr(loader.dataset, "skipped_total", 0))
+
+
+def dataset_size(data: Data) -> str:
+    n = getattr(data.train, "num_examples", None)
+    return f"{n if n is not None else len(data.train):,}"

@@ -1,6 +1,0 @@
-"""Where examples come from: dataset readers and the storage emulation that slows them down."""
-
-from dataecho.sources.fashion_mnist import DataNotFoundError, FashionMNIST, read_idx
-from dataecho.sources.throttled import Throttled
-
-__all__ = ["DataNotFoundError", "FashionMNIST", "Throttled", "read_idx"]

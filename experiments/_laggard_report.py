@@ -1,0 +1,112 @@
+"""The laggard experiment's plots and Markdown sections (one section per problem)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments._laggard_claims import RATIOS
+from experiments.outputs import markdown_table
+
+COLUMNS = ["method", "B", "K", "converged", "T_min", "T_med", "T_max", "fresh_med", "steps_med",
+           "lr_med", "mu_med"]  # fmt: skip
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_grid(rows, out: Path, methods, prefix: str) -> list[str]:
+    """``{prefix}convergence.png`` (Figure 2 of the paper: steps and fresh samples against K
+    per B) and ``{prefix}rate_and_bound.png`` (echoed GD's best rate; bound vs measured)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(methods), 2, figsize=(9, 2.6 * len(methods)), squeeze=False)
+    for i, method in enumerate(methods):
+        for j, (key, label) in enumerate((("steps", "steps K*T"), ("fresh", "fresh samples B*T"))):
+            ax = axes[i][j]
+            for b in sorted({r["B"] for r in rows}):
+                rs = [r for r in rows if r["method"] == method and r["B"] == b and r["T_med"]]
+                if not rs:
+                    continue
+                scale = [r["K"] if key == "steps" else b for r in rs]
+                med = [s * r["T_med"] for s, r in zip(scale, rs, strict=True)]
+                lo = [m - s * r["T_min"] for m, s, r in zip(med, scale, rs, strict=True)]
+                hi = [s * r["T_max"] - m for m, s, r in zip(med, scale, rs, strict=True)]
+                ax.errorbar([r["K"] for r in rs], med, yerr=[lo, hi], marker="o", capsize=2,
+                            label=f"B={b}")  # fmt: skip
+            ax.set(xscale="log", yscale="log", xlabel="K", ylabel=label, title=method)
+            ax.set_xticks(sorted({r["K"] for r in rows}), labels=sorted({r["K"] for r in rows}))
+            ax.grid(alpha=0.3)
+    axes[0][1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{prefix}convergence.png", dpi=70)
+    plt.close(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    gd = [r for r in rows if r["method"] == "gd" and r["T_med"]]
+    for b in sorted({r["B"] for r in gd}):
+        rs = [r for r in gd if r["B"] == b]
+        a1.plot([r["K"] for r in rs], [r["lr_med"] for r in rs], "o-", label=f"B={b}")
+        a2.scatter([r["measured"] for r in rs], [r["bound"] for r in rs], label=f"B={b}")
+    ks = sorted({r["K"] for r in gd})
+    if gd:
+        lr1 = next(r["lr_med"] for r in gd if r["K"] == 1)
+        a1.plot(ks, [lr1 / k for k in ks], "k--", label="1/K from smallest B")
+    a1.set(xscale="log", yscale="log", xlabel="K", ylabel="best rate", title="echoed GD: best rate")
+    a2.set(xscale="log", yscale="log", xlabel="measured excess loss", ylabel="theorem bound",
+           title="bound at measured T vs measured")  # fmt: skip
+    lim = [min(r["measured"] for r in gd), max(r["bound"] for r in gd)] if gd else [1e-3, 1]
+    a2.plot(lim, lim, "k:", label="bound = measured")
+    for ax in (a1, a2):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / f"{prefix}rate_and_bound.png", dpi=70)
+    plt.close(fig)
+    return [f"{prefix}convergence.png", f"{prefix}rate_and_bound.png"]
+
+
+def plot_wall(speedups, out: Path) -> str:
+    """``wall_time.png``: echoed GD's best modelled wall-time speedup against R, per B."""
+    plt = _pyplot()
+    problems = list(dict.fromkeys(r["problem"] for r in speedups))
+    fig, axes = plt.subplots(1, len(problems), figsize=(4.5 * len(problems), 3.2), squeeze=False)
+    for ax, problem in zip(axes[0], problems, strict=True):
+        gd = [r for r in speedups if r["problem"] == problem and r["method"] == "gd"]
+        for b in sorted({r["B"] for r in gd}):
+            rs = [r for r in gd if r["B"] == b]
+            ax.plot([r["R"] for r in rs], [r["speedup"] for r in rs], "o-", label=f"B={b}")
+        ax.plot(RATIOS, RATIOS, "k:", label="speedup = R")
+        ax.set(xscale="log", yscale="log", xlabel="R = t_up / t_down", ylabel="speedup",
+               title=problem[:40])  # fmt: skip
+        ax.set_xticks(RATIOS, labels=RATIOS)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "wall_time.png", dpi=70)
+    plt.close(fig)
+    return "wall_time.png"
+
+
+def section(title: str, csv_name: str, rows, fixed, speedups, claims, plots) -> list[str]:
+    """One problem's Markdown: claims, plots, the grid, the bound, fixed-rate and wall time."""
+    lines = [f"## {title}", "", "### Claims", "", *[f"- {c}" for c in claims], ""]
+    lines += [*[f"![{p}]({p})" for p in plots], ""]
+    lines += [f"All (method, B, K) cells (`{csv_name}`):", "", markdown_table(rows, COLUMNS), ""]
+    bound = [r for r in rows if r["method"] == "gd" and r.get("bound")]
+    if bound:
+        lines += ["Echoed GD bound at the measured T (`bound_curv` is its curvature part):", "",
+                  markdown_table(bound, ["B", "K", "T_med", "measured", "bound", "bound_curv",
+                                         "K_star"]), ""]  # fmt: skip
+    if fixed:
+        lines += ["Rate fixed at each B's K=1 optimum (`fixed_rate.csv`):", "",
+                  markdown_table(fixed, COLUMNS), ""]  # fmt: skip
+    gd = [r for r in speedups if r["method"] in ("gd", "nesterov")]
+    lines += ["Modelled wall time, best K per laggard ratio R, against the same method at K=1 "
+              "(`wall_time.csv`; GD and Nesterov, prox-GD in the CSV):", "",
+              markdown_table(gd, ["method", "B", "R", "best_K", "speedup", "fresh_cut"]), ""]  # fmt: skip
+    return lines
