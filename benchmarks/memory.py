@@ -143,7 +143,7 @@ def run(s: Settings, log: Any = print) -> list[dict[str, float]]:
     from dataecho.app.checkpoint import save_checkpoint
     from dataecho.app.config import TrainConfig
     from dataecho.app.sources.nginx import NginxServer
-    from dataecho.app.train import make_loader
+    from dataecho.app.training.loader import make_loader
     from dataecho.app.upstream import build_data, prepare
 
     common.pin_threads(1)

@@ -59,6 +59,7 @@ from dataecho.app.distributed.group import in_torchrun
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.shutdown import ExitCheckpoint
 from dataecho.app.training.checkpoints import RESUME_MUST_MATCH, resume_or_start, save, save_on_exit
+from dataecho.app.training.loader import make_loader
 from dataecho.app.training.recipe import (
     build_model,
     evaluate_split,
@@ -74,9 +75,7 @@ from dataecho.app.training.record import (
     train_result,
 )
 from dataecho.app.training.schedule import periodic_evaluation, run_evaluations
-from dataecho.app.upstream import Data, build_data
-from dataecho.loader import EchoingDataLoader
-from dataecho.loader.reading import is_map_style
+from dataecho.app.upstream import build_data
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
 
@@ -156,31 +155,6 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         weights = evaluator.snapshot if at_target else model
         final = evaluate_split(cfg, weights, data.final_set, full=True)
     return train_result(cfg, run, loader, final, history, losses)
-
-
-def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
-    """The echoing loader of ``cfg`` over ``data.train`` (also what ``dataecho profile`` times)."""
-    return EchoingDataLoader(
-        data.train,
-        batch_size=cfg.batch_size,
-        echo_factor=cfg.echo_factor,
-        max_echo_factor=cfg.max_echo_factor,
-        reuse_buffer=cfg.reuse_buffer,
-        reuse_policy=cfg.reuse_policy,
-        where=cfg.where,
-        shuffle_buffer=cfg.shuffle_buffer,
-        transform=data.transform,
-        batch_transform=data.batch_transform,
-        num_workers=cfg.num_workers,
-        seed=cfg.seed,
-        # An iterable upstream (shards) orders itself, as DataLoader requires.
-        shuffle=is_map_style(data.train),
-        drop_last=True,
-        # Without checkpoints the workers need not send their state (shuffle buffer
-        # included) every few batches; with them, the loader's default keeps a resume's
-        # replay short.
-        **({} if cfg.checkpoint_dir else {"snapshot_every_n_steps": 1 << 30}),
-    )
 
 
 def profile_run(cfg: TrainConfig, seconds: float = 10.0) -> ProfileReport:

@@ -33,7 +33,7 @@ from dataecho.app.distributed.group import GroupInfo, Guard, init_group, shutdow
 from dataecho.app.distributed.result import DistributedResult, RunCounters
 from dataecho.app.distributed.signals import StopSignals, stopping, void
 from dataecho.app.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
-from dataecho.app.train import make_loader
+from dataecho.app.training.loader import make_loader
 from dataecho.app.training.recipe import (
     better,
     build_model,
