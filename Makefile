@@ -32,12 +32,12 @@ test: $(STAMP) system-packages lint
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check dataecho experiments tests benchmarks
-	$(BIN)/ruff format --check dataecho experiments tests benchmarks
+	$(BIN)/ruff check dataecho experiments benchmarks scripts tests
+	$(BIN)/ruff format --check dataecho experiments benchmarks scripts tests
 
 format: $(STAMP)
-	$(BIN)/ruff format dataecho experiments tests benchmarks
-	$(BIN)/ruff check --fix dataecho experiments tests benchmarks
+	$(BIN)/ruff format dataecho experiments benchmarks scripts tests
+	$(BIN)/ruff check --fix dataecho experiments benchmarks scripts tests
 
 bench: $(STAMP) system-packages
 	$(BIN)/python -m benchmarks adaptive
