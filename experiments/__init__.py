@@ -4,10 +4,13 @@
     python -m experiments laggard --out docs/results/laggard
     python -m experiments stochastic
 
-Each experiment is one module here with a ``run(out, *, quick, seed) -> Path`` function that
-writes Markdown tables (``README.md`` in ``out``), CSV and PNG files and returns the Markdown
-file's path. The experiments read in-memory data (compute-bound, so fresh-example counts come
-fast); ``dataecho.profiling.time_model`` turns them into wall time for a given R.
+One package per paper, :mod:`experiments.choi`, :mod:`experiments.laggard` and
+:mod:`experiments.stochastic`, each with a ``run(out, *, quick, seed) -> Path`` that writes
+Markdown tables (``README.md`` in ``out``), CSV and PNG files and returns the Markdown file's
+path; what they share (tuning, problems, the trial loop, workloads, tables) is
+:mod:`experiments.common`. The experiments read in-memory data (compute-bound, so
+fresh-example counts come fast); :func:`dataecho.profiling.time_model` turns them into wall
+time for a given R. The results, with the verdicts, are in docs/results/.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ EXPERIMENTS = {
 
 
 def run(name: str, out: str | Path, *, quick: bool = False, seed: int = 0) -> Path:
-    """Run experiment ``name`` (one of :data:`EXPERIMENTS`); return its Markdown summary."""
+    """Run experiment ``name`` (one of :data:`EXPERIMENTS`) into ``out``; return its README.
+
+    ``seed`` is the base seed of every trial (an int >= 0: the trials derive theirs from it).
+    """
     _validate.one_of(name, tuple(EXPERIMENTS), name="experiment")
+    seed = _validate.non_negative_int(seed, name="seed", hint="the trials' base seed, e.g. 0")
     module = importlib.import_module(f"experiments.{name}")
-    return module.run(Path(out), quick=quick, seed=_validate.seed(seed))
+    return module.run(Path(out), quick=quick, seed=seed)

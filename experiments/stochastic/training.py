@@ -5,6 +5,11 @@ as in the smooth non-convex analysis), so only the learning rate is tuned. The u
 fresh batches of ``batch_size`` examples drawn without replacement; the stochastic echo stage
 loads one with probability ``p_t`` and otherwise reuses one of the last ``M`` loaded batches.
 "Data loads" are fresh examples: the stage's ``stats.fresh_examples`` times the batch size.
+
+Why not :func:`experiments.common.trial_loop.run_trial`: that loop trains through the
+echoing loader, which has no stochastic (load-probability) echoing; here the stage is driven
+directly on whole batches, each tagged with its load index, which :func:`gradient_bias` needs
+to measure a reused batch's lag. Like the trial loop it has no checkpoints and no upstream.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from dataecho.app.sources.fashion_mnist import FashionMNIST
 from dataecho.app.workloads.augment import normalize
 from dataecho.schedules import constant, cosine_decreasing, cosine_increasing
 from dataecho.stages import StochasticEcho
-from experiments.tuning import Trial
+from experiments.common.tuning import Trial
 
 
 @dataclass(frozen=True)
 class Data:
+    """Flattened, normalised training and test images and their labels."""
+
     train_x: torch.Tensor
     train_y: torch.Tensor
     test_x: torch.Tensor
@@ -42,6 +49,7 @@ def load_data(train: int, test: int) -> Data:
 
 
 def make_model(seed: int) -> nn.Module:
+    """The MLP 784-64-10, its initial weights drawn from ``seed``."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
 
@@ -77,6 +85,7 @@ class Setting:
 
 
 def accuracy(model: nn.Module, data: Data) -> float:
+    """Test accuracy of ``model`` on ``data``'s test split."""
     with torch.no_grad():
         return float((model(data.test_x).argmax(1) == data.test_y).float().mean())
 

@@ -1,4 +1,4 @@
-"""`dataecho reproduce laggard --quick` (experiments.laggard and its _laggard_* parts)."""
+"""`python -m experiments laggard --quick` (experiments.laggard: sweep, claims, report)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import torch
 
 from dataecho.app.sources import fashion_mnist as fm
 from experiments import laggard
-from experiments._laggard_claims import useful_k, wall_speedups
-from experiments._laggard_sweep import (
+from experiments.common.convergence import fresh_batches_to_converge
+from experiments.common.logistic import LogisticProblem, covertype_like, logistic_loss
+from experiments.common.optimum import lbfgs_optimum
+from experiments.common.tuning import quasi_random_points
+from experiments.laggard.claims import useful_k, wall_speedups
+from experiments.laggard.sweep import (
     MOMENTUM_SPACE,
     Config,
     constants,
@@ -19,10 +23,6 @@ from experiments._laggard_sweep import (
     nesterov_rates,
     tuned_nesterov,
 )
-from experiments.convergence import fresh_batches_to_converge
-from experiments.logistic import LogisticProblem, covertype_like, logistic_loss
-from experiments.optimum import lbfgs_optimum
-from experiments.tuning import quasi_random_points
 
 HAVE_FMNIST = (fm.DEFAULT_DATA_DIR / fm.FILES["train"][0]).is_file()
 
@@ -51,7 +51,7 @@ def test_quick_writes_readme_csv_and_plots(quick) -> None:
     assert readme == out / "README.md"
     text = readme.read_text()
     for needle in ("### Claims", "covertype.csv", "fashion_mnist.csv", "wall_time.png",
-                   "dataecho reproduce laggard", "Fashion-MNIST (multinomial"):  # fmt: skip
+                   "python -m experiments laggard", "Fashion-MNIST (multinomial"):  # fmt: skip
         assert needle in text
     for png in ("convergence.png", "rate_and_bound.png", "fmnist_convergence.png",
                 "fmnist_rate_and_bound.png", "wall_time.png"):  # fmt: skip

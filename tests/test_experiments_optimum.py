@@ -1,12 +1,12 @@
-"""L-BFGS optimum (experiments.optimum) against Newton's method on tiny problems."""
+"""L-BFGS optimum (experiments.common.optimum) against Newton's method on tiny problems."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from experiments.logistic import LogisticProblem, covertype_like, logistic_loss
-from experiments.optimum import lbfgs_optimum
+from experiments.common.logistic import LogisticProblem, covertype_like, logistic_loss
+from experiments.common.optimum import lbfgs_optimum
 
 
 def newton(problem: LogisticProblem, iters: int = 30) -> torch.Tensor:

@@ -26,15 +26,16 @@ import torch
 
 from dataecho import _validate
 from dataecho.optim import EchoedGD, EchoedNesterov, EchoedOptimizer, EchoedProxGD
-from experiments.logistic import LogisticProblem, logistic_loss
-from experiments.optimum import Optimum
+from experiments.common.logistic import LogisticProblem, logistic_loss
+from experiments.common.optimum import Optimum
 
 METHODS = ("gd", "prox", "nesterov")
 
 
 @dataclasses.dataclass(frozen=True)
-class Trial:
-    """Outcome of one trial; ``fresh_batches``/``lr`` are None when nothing converged."""
+class ConvergenceTrial:
+    """One (method, B, K, seed) run over the rate grid; ``fresh_batches`` / ``lr`` are None
+    when no rate converged (``suboptimality`` is then the best row's at the stop)."""
 
     method: str
     batch_size: int
@@ -88,7 +89,7 @@ def fresh_batches_to_converge(
     eval_rows: int = 16_384,
     checkpoint_ratio: float = 2 ** (1 / 8),
     momentum: float = 0.9,
-) -> list[Trial]:
+) -> list[ConvergenceTrial]:
     """Run the grid ``lrs`` for every seed (one trial each, in one tensor computation) until
     each seed has a converged row or ``max_steps`` optimizer steps are spent."""
     gens = [torch.Generator().manual_seed(s) for s in seeds]
@@ -104,7 +105,7 @@ def fresh_batches_to_converge(
     ends = checkpoints(max(1, max_steps // k), window, checkpoint_ratio)
     ticks = {t for end in ends for t in range(end - window + 1, end + 1)}
     recent: list[torch.Tensor] = []
-    trials: dict[int, Trial] = {}
+    trials: dict[int, ConvergenceTrial] = {}
     mean = torch.full((len(seeds), len(lrs)), math.inf)
     for t in range(1, (ends[-1] if ends else 0) + 1):
         idx = torch.stack([torch.randint(n, (batch_size,), generator=g) for g in gens])
@@ -122,12 +123,25 @@ def fresh_batches_to_converge(
             best = float(mean[i].min())
             if i not in trials and best <= tol:
                 row = int(mean[i].argmin())
-                trials[i] = Trial(method, batch_size, k, seed, True, t, opt.steps,
+                trials[i] = ConvergenceTrial(method, batch_size, k, seed, True, t, opt.steps,
                                   float(lrs[row]), best)  # fmt: skip
         if len(trials) == len(seeds):
             break
     return [
         trials.get(i)
-        or Trial(method, batch_size, k, seed, False, None, opt.steps, None, float(mean[i].min()))
+        or ConvergenceTrial(
+            method, batch_size, k, seed, False, None, opt.steps, None, float(mean[i].min())
+        )
         for i, seed in enumerate(seeds)
     ]
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    # ``Trial`` was this class's name under dataecho.algorithms; tuning.Trial is another thing.
+    if name == "Trial":
+        import warnings
+
+        warnings.warn("experiments.common.convergence.Trial is now ConvergenceTrial",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        return ConvergenceTrial
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

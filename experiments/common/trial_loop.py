@@ -1,10 +1,27 @@
-"""A lean in-memory training loop for the reproductions: real echoing loader, tiny models.
+"""The experiments' training loop: one in-memory trial, to a target or a fresh-example cap.
 
-Why not :func:`dataecho.app.train.train`: the counts need no slow upstream, and the grids run
-hundreds of trials on 2 cores, so the models here are a few times smaller than the demo's
-(``TinyCNN``: ~40 k parameters; the char LM: 1 layer, d_model 32, context 32). The data still
-flows through :class:`dataecho.EchoingDataLoader` (``num_workers=0``): the real echo, shuffle,
-augment and batch stages run, and fresh examples are the loader's own count.
+:func:`run_trial` trains a :class:`Workload`'s model under one :class:`Condition` (echo
+factor, insertion point, post-echo shuffle, batch size) and returns a tuning
+:class:`~experiments.common.tuning.Trial`: the fresh examples it needed to reach the target
+(None if it did not, or diverged) and what it measured on the way. Every grid of the choi
+experiment runs through it.
+
+The data flows through the library's :class:`dataecho.loader.EchoingDataLoader` in this
+process (``num_workers=0``), so the real echo, shuffle, augment and batch stages run and the
+fresh-example count is the loader's own. It is deliberately not the application's loop
+(:func:`dataecho.app.train.train`):
+
+- no upstream and no application loader (``make_loader``): the dataset is already in memory,
+  because a trial measures fresh examples to a target, not read time; wall time comes from
+  the time model (:func:`dataecho.profiling.time_model`) with the step time measured here;
+- no checkpoints, resume, progress or run records: a trial is short and is re-run, not
+  resumed, so the loader's state snapshots are switched off;
+- compute-bound and small: a grid is hundreds of tuned trials on a few CPU cores, one torch
+  thread each, so the loop adds nothing per step beyond the step, its timer and the
+  evaluation cadence.
+
+A trial may be pruned: with ``limit`` (the fewest fresh examples an earlier trial of the same
+search needed) it stops there, since it could no longer be selected.
 """
 
 from __future__ import annotations
@@ -16,26 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dataecho.loader import EchoingDataLoader
-from experiments.tuning import Trial
-
-
-class TinyCNN(nn.Module):
-    """conv5x5/2(8) -> conv3x3/2(16) -> fc(64) -> fc(10): SmallCNN's shape at half width."""
-
-    def __init__(self, width: int = 8, hidden: int = 64) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, width, 5, stride=2, padding=2)
-        self.conv2 = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1)
-        self.fc1 = nn.Linear(2 * width * 49, hidden)
-        self.fc2 = nn.Linear(hidden, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv2(F.relu(self.conv1(x))))
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+from experiments.common.tuning import Trial
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Workload:
     budget: int  # most fresh examples a trial may read
 
     def reached(self, value: float) -> bool:
+        """Whether the metric ``value`` meets the target."""
         return value >= self.target if self.higher_is_better else value <= self.target
 
 
@@ -81,9 +83,12 @@ def run_trial(
 ) -> Trial:
     """Train until the target (or ``budget`` / ``limit`` fresh examples); return the trial.
 
-    ``eval_every`` (fresh examples) overrides the workload's. ``info``: final metric, fresh
-    examples read, steps, realized echo factor, and the median
-    seconds of one training step (t_down, for the time model).
+    The metric is evaluated every ``eval_every`` fresh examples (the workload's by default)
+    and at the cap; ``stop_at_target=False`` trains on to the cap (fixed-budget runs). A
+    non-finite loss ends the trial as diverged (never reaching the target). ``info``: final
+    metric, fresh examples read, steps, realized echo factor, the median seconds of one
+    training step (``t_down``, for the time model), ``diverged`` and the evaluation
+    ``history`` as (fresh examples, metric) pairs.
     """
     budget = wl.budget if budget is None else budget
     every = wl.eval_every if eval_every is None else eval_every

@@ -2,7 +2,7 @@
 
 Two logistic-regression problems: a synthetic CoverType-like binary one and multinomial
 Fashion-MNIST (the real images, pooled and standardized). For every (method, B, K) a whole
-learning-rate grid runs at once for several seeds (:mod:`experiments._laggard_sweep`);
+learning-rate grid runs at once for several seeds (:mod:`experiments.laggard.sweep`);
 each seed keeps the rate (and, for Nesterov, the momentum) that reaches 1% of the L-BFGS optimum
 with the fewest fresh batches T. Reported: fresh samples B*T, steps K*T, best rate, the theorem's
 bound at the measured T, and the modelled wall time against the laggard's ratio R. On
@@ -19,12 +19,11 @@ from pathlib import Path
 
 import torch
 
-from experiments._laggard_claims import verdicts, wall_speedups
-from experiments._laggard_report import plot_grid, plot_wall, section
-from experiments._laggard_sweep import Config, constants, fixed_rate, lr_grid, sweep
-from experiments.logistic import covertype_like, fashion_mnist
-from experiments.optimum import lbfgs_optimum
-from experiments.outputs import write_csv
+from experiments.common.logistic import covertype_like, fashion_mnist
+from experiments.common.optimum import lbfgs_optimum
+from experiments.laggard.claims import wall_speedups
+from experiments.laggard.report import write_report
+from experiments.laggard.sweep import Config, constants, fixed_rate, lr_grid, sweep
 
 FM_POOL = 4  # 7x7 pooled pixels (d = 50): see the README for why
 
@@ -99,57 +98,3 @@ def _same_keys(rows: list[dict]) -> list[dict]:
     """Every row with every column (None where a cell did not converge), for the CSV."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
     return [{k: r.get(k) for k in keys} for r in rows]
-
-
-def _setup(res: dict) -> list[str]:
-    cfg, cst = res["cfg"], res["constants"]
-    return [
-        f"- Problem: {res['problem']}; optimum loss F* = {res['f_star']:.6f} (L-BFGS float64, "
-        f"{res['lbfgs_iter']} its, |grad| = {res['grad_norm']:.1e}); {res['wall_s'] / 60:.1f} min.",
-        f"- Grid: B in {cfg.batch_sizes}, K in {cfg.ks}, {cfg.seeds} seeds, {res['lrs']} rates on "
-        f"0.01..10 (log10 step {cfg.lr_step:.3g}; the paper's step is 1/20), zero init, batches "
-        f"with replacement, float32. Budget {cfg.max_steps} optimizer steps per trial; a (method,"
-        " B) sweep stops at its first K where a seed fails (shown as not converged).",
-        "- Converged: mean relative suboptimality of the iterates after the last 10 fresh batches "
-        f"<= 1%, measured on a fixed {cfg.eval_rows:,}-row subset with F_S(w*) as control "
-        f"variate, at checkpoints a factor {cfg.checkpoint_ratio:.3f} apart (T known to within "
-        "that factor). Per seed the fastest rate wins; tables show min/median/max over seeds.",
-        "- Prox-GD: gamma = lr (inner step w = anchor - lr*grad f_B(w)). Nesterov: constant "
-        f"momentum carried across batches, tuned: {cfg.momenta} Sobol points of 1 - momentum "
-        "(log-uniform on 0.01..0.5) x the rate grid extended downward until the effective rate "
-        "lr / (1 - momentum) is near 0.01; `mu_med` is the median selected momentum.",
-        f"- Constants: beta = {cst['beta']:.3g}; rho = {cst['rho']:.3g} (worst-case Lipschitz; "
-        f"the RMS per-example gradient at the optimum is {cst['rho_at_opt']:.3g}); D = |w*| = "
-        f"{cst['D']:.3g} (zero init).",
-    ]
-
-
-def write_report(out: Path, results: list[dict], info: dict) -> Path:
-    cmd = "dataecho reproduce laggard" + (" --quick" if info["quick"] else "")
-    titles = {"covertype": "CoverType-like (binary, synthetic)",
-              "fashion_mnist": "Fashion-MNIST (multinomial, real images)"}  # fmt: skip
-    lines = [
-        "# laggard: Agarwal et al. 2020, echoed optimizers on logistic regression", "",
-        f"Command: `nice -n 19 {cmd} --out DIR --seed {info['seed']}`; machine: "
-        f"{info['machine']}; wall time {info['wall_s'] / 60:.1f} min (shared, loaded 2-core box).",
-        "", "## Setup", "",
-    ]  # fmt: skip
-    for res in results:
-        lines += [f"{titles[res['name']]}:", "", *_setup(res), ""]
-    speedups = [s for res in results for s in res["speedups"]]
-    write_csv(speedups, out / "wall_time.csv")
-    for res in results:
-        name, rows, fixed = res["name"], res["rows"], res["fixed"]
-        prefix = "" if name == "covertype" else "fmnist_"
-        write_csv(rows, out / f"{name}.csv")
-        if fixed:
-            write_csv(fixed, out / "fixed_rate.csv")
-        plots = plot_grid(rows, out, res["cfg"].methods, prefix)
-        claims = verdicts(rows, fixed, res["speedups"])
-        lines += section(titles[res["name"]], f"{name}.csv", rows, fixed, res["speedups"],
-                         claims, plots)  # fmt: skip
-    lines += ["## Wall time against the laggard's ratio", "", f"![{plot_wall(speedups, out)}]"
-              "(wall_time.png)", ""]  # fmt: skip
-    path = out / "README.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path

@@ -1,4 +1,4 @@
-"""``dataecho reproduce choi``: the quick run's outputs, the grid and the time model."""
+"""``python -m experiments choi``: the quick run's outputs, the grid and the time model."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import _choi_scaling, choi
-from experiments._choi_report import time_rows
-from experiments._lean_train import Condition, run_trial
-from experiments._workloads import cnn_workload
+from experiments import choi
+from experiments.choi import scaling
+from experiments.choi.wall_time import time_rows
+from experiments.common.trial_loop import Condition, run_trial
+from experiments.common.workloads import cnn_workload
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -33,7 +34,7 @@ def test_quick_run_writes_every_output(quick_run: Path) -> None:
                  "fixed_budget.csv", "results.json"):  # fmt: skip
         assert (quick_run / name).is_file(), name
     text = (quick_run / "README.md").read_text()
-    assert "](fresh_to_target.png)" in text and "dataecho reproduce choi --quick" in text
+    assert "](fresh_to_target.png)" in text and "python -m experiments choi --quick" in text
     assert "## Claims" in text
 
 
@@ -111,23 +112,23 @@ def test_useful_e_from_the_medians() -> None:
     rows = [{"batch_size": 8, "echo_factor": e, "fresh_0.8": f}
             for e, f in ((1.0, 1000.0), (2.0, 600.0), (4.0, 450.0), (8.0, 500.0))]  # fmt: skip
     # 1000 -> 600 -> 450 are >= 20% cuts; 450 -> 500 is none: useful up to 4, best 4.
-    assert _choi_scaling.useful(rows, 8, 0.8) == (4.0, 4.0)
+    assert scaling.useful(rows, 8, 0.8) == (4.0, 4.0)
     rows[2]["fresh_0.8"] = 500.0  # 600 -> 500 is a 17% cut: useful stops at 2; best is e=4/8
-    assert _choi_scaling.useful(rows, 8, 0.8) == (4.0, 2.0)
+    assert scaling.useful(rows, 8, 0.8) == (4.0, 2.0)
     rows[0]["fresh_0.8"] = math.inf  # the baseline never reached it: any finite count is a cut
-    assert _choi_scaling.useful(rows, 8, 0.8)[1] == 2.0
+    assert scaling.useful(rows, 8, 0.8)[1] == 2.0
 
 
 @pytest.mark.timeout(300)
 def test_scaling_cells_read_every_target_from_one_run(tmp_path: Path) -> None:
-    plan = _choi_scaling.ScalingPlan(batch_sizes=(16,), factors=(1.0, 2.0), targets=(0.3, 0.45),
+    plan = scaling.ScalingPlan(batch_sizes=(16,), factors=(1.0, 2.0), targets=(0.3, 0.45),
                                      trials=2, seeds=1, budget=768, data=(1000, 200))  # fmt: skip
-    rows = [_choi_scaling.search_cell(plan, 16, e, 0) for e in (1.0, 2.0)]
+    rows = [scaling.search_cell(plan, 16, e, 0) for e in (1.0, 2.0)]
     for r in rows:
         # The lower target is reached no later than the higher one, in the same trials.
         assert r["fresh_0.3"] <= r["fresh_0.45"] and math.isfinite(r["fresh_0.3"])
         assert r["searches"] == 1 and r["range_0.3"] == f"{r['fresh_0.3']:g}-{r['fresh_0.3']:g}"
-    lines = _choi_scaling.report(rows, plan, tmp_path)
+    lines = scaling.report(rows, plan, tmp_path)
     assert any(line.startswith("- target 0.45: bs 16: best e") for line in lines)
     assert len(read_csv(tmp_path / "scaling.csv")) == 2
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"

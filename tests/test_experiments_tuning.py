@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from experiments.tuning import (
+from experiments.common.tuning import (
     LogUniform,
     Trial,
     quasi_random_points,

@@ -1,4 +1,4 @@
-"""Logistic-regression problems and loss (experiments.logistic)."""
+"""Logistic-regression problems and loss (experiments.common.logistic)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from dataecho.app.sources import fashion_mnist as fm
-from experiments.logistic import MIN_PIXEL_STD, covertype_like, fashion_mnist, logistic_loss
+from experiments.common.logistic import MIN_PIXEL_STD, covertype_like, fashion_mnist, logistic_loss
 
 
 def test_binary_loss_per_grid_row_matches_torch() -> None:

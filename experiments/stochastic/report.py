@@ -1,8 +1,13 @@
-"""The stochastic experiment's outputs: speedup and bias tables, plots, README."""
+"""The stochastic experiment's outputs: speedup and bias tables, plots, README.
+
+:func:`write` renders one run into ``out``; the computed claims end the README, the verdicts
+are written by hand on the results page (docs/results/stochastic/README.md).
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import platform
 import statistics
 from pathlib import Path
@@ -13,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.outputs import markdown_table, write_csv  # noqa: E402
+from experiments.common.tables import markdown_table, write_csv  # noqa: E402
 
 LAG_BINS = ((0, 0), (1, 3), (4, 15), (16, 63), (64, 10**9))
 
@@ -47,6 +52,7 @@ def bias_table(bias: list[dict]) -> list[dict]:
 
 
 def plot(loads: list[dict], sched: list[dict], btab: list[dict], path: Path) -> None:
+    """``stochastic.png``: speedup against reuses, accuracy per schedule, bias against lag."""
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     ax = axes[0]
     base = next((r["loads_median"] for r in loads if r["p"] == 1.0), math.nan)
@@ -91,6 +97,7 @@ def plot(loads: list[dict], sched: list[dict], btab: list[dict], path: Path) -> 
 
 def write(out: Path, plan: Any, loads: list[dict], sched: list[dict], bias: list[dict],
           wall: float, *, quick: bool, seed: int) -> Path:  # fmt: skip
+    """Write the CSVs, ``stochastic.png`` and ``README.md`` into ``out``; return the README."""
     sp = speedups(loads)
     btab = bias_table(bias)
     write_csv(loads, out / "loads_to_target.csv")
@@ -98,12 +105,12 @@ def write(out: Path, plan: Any, loads: list[dict], sched: list[dict], bias: list
     write_csv(sched, out / "schedules.csv")
     write_csv(btab, out / "gradient_bias.csv")
     plot(loads, sched, btab, out / "stochastic.png")
-    cmd = f"dataecho reproduce stochastic{' --quick' if quick else ''} --out {out} --seed {seed}"
+    cmd = f"python -m experiments stochastic{' --quick' if quick else ''} --out {out} --seed {seed}"
     md = [
-        "# Stochastic data echoing, reproduced small (`dataecho reproduce stochastic`)",
+        "# Stochastic data echoing, reproduced small (`python -m experiments stochastic`)",
         "",
-        f"Command: `{cmd}` (run with `nice -n 15`). Machine: {platform.machine()}, 2 shared "
-        f"cores, torch 1 thread. Wall time: {wall / 60:.1f} min.",
+        f"Command: `{cmd}`. Machine: {platform.machine()}, {os.cpu_count()} cores, torch 1 "
+        f"thread. Wall time: {wall / 60:.1f} min.",
         "",
         f"Setup: MLP 784-64-10 on Fashion-MNIST ({plan.data[0]} training / {plan.data[1]} test "
         f"examples, no augmentation), plain SGD, batch {plan.batch_size}; batch-level "

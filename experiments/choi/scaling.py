@@ -1,14 +1,15 @@
 """Choi et al.'s "useful e grows with batch size", checked at targets up to a higher one.
 
-The main choi grid stops at a low target (CNN accuracy 0.65), where training is step-limited
-and e = 8 wins at every batch size. Here the TinyCNN (echoing before augmentation, large
-post-echo shuffle) trains for e in {1, 2, 4, 8, 16} at two batch sizes until a higher target
-(0.80), each cell tuned with repeated quasi-random searches. Every trial records its
-evaluation history, so one run gives fresh-examples-to-target for every lower target too: per
-search, the trial needing the fewest fresh examples to *that* target is selected. (A trial
-pruned at the best count to the top target cannot be the one that reaches a lower target
-first: the best trial itself reached it before that count.) Useful e then shows how it moves
-with the target and with the batch size.
+The main grid's targets are low, where training is step-limited and the largest e tends to
+win at every batch size, so it cannot show the claim. Here the TinyCNN (echoing before
+augmentation, large post-echo shuffle) trains for every e of :class:`ScalingPlan` at each of
+its batch sizes until its highest target, each cell tuned with repeated quasi-random
+searches. Every trial records its evaluation history, so one run gives
+fresh-examples-to-target for every lower target too: per search, the trial needing the
+fewest fresh examples to *that* target is selected. (A trial pruned at the best count to the
+top target cannot be the one that reaches a lower target first: the best trial itself reached
+it before that count.) :func:`useful` then shows how the useful e moves with the target and
+with the batch size.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from pathlib import Path
 
 import torch
 
-from experiments._lean_train import Condition, run_trial
-from experiments._workloads import CNN_SPACE, cnn_workload
-from experiments.outputs import markdown_table, write_csv
-from experiments.tuning import repeated_search
+from experiments.common.tables import markdown_table, write_csv
+from experiments.common.trial_loop import Condition, run_trial
+from experiments.common.tuning import repeated_search
+from experiments.common.workloads import CNN_SPACE, cnn_workload
 
 
 @dataclass(frozen=True)
 class ScalingPlan:
+    """The scaling study's cells (batch sizes x echo factors), targets and search sizes."""
+
     batch_sizes: tuple[int, ...] = (32, 128)
     factors: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0)
     targets: tuple[float, ...] = (0.65, 0.7, 0.75, 0.8)  # ascending; the last one stops a trial

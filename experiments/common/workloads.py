@@ -1,6 +1,11 @@
-"""The two reproduction workloads, in memory: Fashion-MNIST TinyCNN and the Austen char LM.
+"""The choi experiment's two workloads, in memory: a TinyCNN on Fashion-MNIST, an Austen char LM.
 
-Built once per process (the data loads in ~0.5 s / ~3 s) and cached by their settings.
+Each builder returns a :class:`~experiments.common.trial_loop.Workload` for
+:func:`~experiments.common.trial_loop.run_trial`; it reads its data once per process and is
+cached by its settings, so every cell of a grid (and every worker process) reuses it. The
+models are a few times smaller than the application's (TinyCNN: SmallCNN at half width; the
+char LM: 1 layer, d_model 32, context 32) so that hundreds of tuned trials fit on a few cores.
+The search spaces of their optimizers are here too (:data:`CNN_SPACE`, :data:`LM_SPACE`).
 """
 
 from __future__ import annotations
@@ -9,19 +14,35 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from dataecho.app.sources.austen import AustenChars, load_novels
 from dataecho.app.sources.fashion_mnist import FashionMNIST
 from dataecho.app.workloads import char_lm
 from dataecho.app.workloads.augment import Augment, normalize
-from experiments._lean_train import TinyCNN, Workload
-from experiments.tuning import LogUniform
+from experiments.common.trial_loop import Workload
+from experiments.common.tuning import LogUniform
 
 # SGD with Nesterov momentum: the learning rate and (1 - momentum), both log-uniform.
 CNN_SPACE = {"lr": LogUniform(0.01, 0.5), "one_minus_momentum": LogUniform(0.03, 0.5)}
 # AdamW (betas fixed at the library's 0.9 / 0.99): the learning rate alone.
 LM_SPACE = {"lr": LogUniform(1e-3, 3e-2)}
 LM_CONFIG = dict(context=32, d_model=32, n_layers=1, n_heads=2, ff_mult=2)
+
+
+class TinyCNN(nn.Module):
+    """conv5x5/2(8) -> conv3x3/2(16) -> fc(64) -> fc(10): SmallCNN's shape at half width."""
+
+    def __init__(self, width: int = 8, hidden: int = 64) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 5, stride=2, padding=2)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1)
+        self.fc1 = nn.Linear(2 * width * 49, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv2(F.relu(self.conv1(x))))
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def _sgd(model: torch.nn.Module, params: dict[str, float]) -> torch.optim.Optimizer:

@@ -128,7 +128,7 @@ def fashion_mnist(
     pixel blocks (2: 14x14 images, d = 197, four times cheaper); ``l2`` adds
     ``l2/2 * ||W||^2``. ``standardize`` z-scores every pixel over the kept images (its std
     floored at :data:`MIN_PIXEL_STD`), the usual preprocessing for a linear model: raw pixels
-    share one large mean direction, which makes the loss about 100x worse conditioned.
+    share one large mean direction, which makes the loss far worse conditioned.
     """
     from dataecho.app.sources import fashion_mnist as fm
 

@@ -1,11 +1,11 @@
 """Stochastic data echoing (ICLR 2025 submission) at small scale.
 
 Three measurements on an MLP / Fashion-MNIST with batch-level :class:`dataecho.StochasticEcho`
-(:mod:`experiments._stochastic_train`):
+(:mod:`experiments.stochastic.training`):
 
 1. data loads (fresh examples) to a target test accuracy against the load probability ``p``
    (mean reuse count ~ 1/p) and the echo buffer ``M``; learning rate tuned per cell with the
-   fairness harness (:mod:`experiments.tuning`). Speedup = loads(p=1) / loads(p),
+   fairness harness (:mod:`experiments.common.tuning`). Speedup = loads(p=1) / loads(p),
    against the claimed linear speedup 1/p.
 2. constant vs the two cosine schedules of ``p_t`` at a fixed load budget: final test accuracy
    (learning rate chosen per cell and seed by final accuracy).
@@ -22,20 +22,22 @@ from pathlib import Path
 
 import torch
 
-from experiments import _stochastic_report
-from experiments._stochastic_train import (
+from experiments.common.tuning import LogUniform, quasi_random_points, repeated_search, summarize
+from experiments.stochastic import report
+from experiments.stochastic.training import (
     Setting,
     gradient_bias,
     load_data,
     train_stochastic,
 )
-from experiments.tuning import LogUniform, quasi_random_points, repeated_search, summarize
 
 SPACE = {"lr": LogUniform(0.02, 1.0)}
 
 
 @dataclass(frozen=True)
 class Plan:
+    """The three measurements' settings: the (p, M) grid, searches, target and budgets."""
+
     probs: tuple[float, ...]
     buffers: tuple[int, ...]
     sched_probs: tuple[float, ...]
@@ -53,6 +55,7 @@ class Plan:
 
 
 def make_plan(quick: bool) -> Plan:
+    """The full plan or the quick one (``--quick``: the tests, well under 2 minutes)."""
     if quick:
         return Plan((1.0, 0.5, 0.25), (1, 8), (0.5,), trials=2, seeds=1, batch_size=64,
                     target=0.75, max_loads=8192, eval_every=4, sched_loads=1024,
@@ -106,7 +109,7 @@ def run(out: Path, *, quick: bool, seed: int) -> Path:
     finally:
         torch.set_num_threads(threads)
     wall = time.perf_counter() - start
-    return _stochastic_report.write(out, plan, loads, sched, bias, wall, quick=quick, seed=seed)
+    return report.write(out, plan, loads, sched, bias, wall, quick=quick, seed=seed)
 
 
 def _schedules(plan: Plan, data, seeds: list[int]) -> list[dict]:  # noqa: ANN001

@@ -1,9 +1,10 @@
 """The laggard B x K grid: one (method, B, K) cell at a time, every rate of the grid at once.
 
-Each cell runs :func:`dataecho.algorithms.fresh_batches_to_converge` for several seeds; each
-seed keeps the rate reaching 1% of the optimum with the fewest fresh batches T. Echoed Nesterov
-also tunes its momentum: a quasi-random search (:mod:`experiments.tuning`, Sobol points
-of 1 - momentum) on top of the rate grid, extended to small rates for high momenta.
+Each cell runs :func:`~experiments.common.convergence.fresh_batches_to_converge` for several
+seeds; each seed keeps the rate reaching 1% of the optimum with the fewest fresh batches T.
+Echoed Nesterov also tunes its momentum: a quasi-random search
+(:mod:`experiments.common.tuning`, Sobol points of 1 - momentum) on top of the rate grid,
+extended to small rates for high momenta.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from experiments.convergence import METHODS, Trial, fresh_batches_to_converge
-from experiments.tuning import LogUniform, quasi_random_points
+from experiments.common.convergence import METHODS, ConvergenceTrial, fresh_batches_to_converge
+from experiments.common.tuning import LogUniform, quasi_random_points
 
 # 1 - momentum, log-uniform: momentum 0.5 .. 0.99.
 LOG = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def summarise(trials, problem: str, cst: dict | None, f_star: float, momenta=Non
     return row
 
 
-def _better(new: Trial, old: Trial | None) -> bool:
+def _better(new: ConvergenceTrial, old: ConvergenceTrial | None) -> bool:
     if old is None or (new.converged and not old.converged):
         return True
     if new.converged and old.converged:
@@ -137,7 +138,7 @@ def tuned_nesterov(problem, opt, cfg: Config, *, b: int, k: int, seeds, lrs, **k
     trials and their momenta.
     """
     points = quasi_random_points(MOMENTUM_SPACE, cfg.momenta, seeds[0])
-    best: list[Trial | None] = [None] * len(seeds)
+    best: list[ConvergenceTrial | None] = [None] * len(seeds)
     best_mu = [math.nan] * len(seeds)
     for point in points:
         mu = 1 - point["one_minus_momentum"]

@@ -1,13 +1,13 @@
-"""Fresh batches to converge over a rate grid (experiments.convergence)."""
+"""Fresh batches to converge over a rate grid (experiments.common.convergence)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from experiments.convergence import checkpoints, fresh_batches_to_converge
-from experiments.logistic import covertype_like
-from experiments.optimum import lbfgs_optimum
+from experiments.common.convergence import checkpoints, fresh_batches_to_converge
+from experiments.common.logistic import covertype_like
+from experiments.common.optimum import lbfgs_optimum
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RATIOS = (2.0, 4.0, 6.0)
-
-
-def variant(row: dict) -> str:
-    """Short name of a cell's echoing variant, e.g. ``before_augment+shuf``."""
-    if row["echo_factor"] == 1:
-        return "baseline"
-    return row["where"] + ("+shuf" if row["shuffle_buffer"] > 0 else "")
+from experiments.choi.plan import variant  # noqa: E402
+from experiments.choi.wall_time import RATIOS  # noqa: E402
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``dataecho reproduce stochastic``: the quick run's outputs and the measurement pieces."""
+"""``python -m experiments stochastic``: the quick run's outputs and the measurement pieces."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from experiments import stochastic
-from experiments._stochastic_train import (
+from experiments.stochastic.training import (
     Setting,
     fresh_batches,
     gradient_bias,

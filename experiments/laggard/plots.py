@@ -1,14 +1,10 @@
-"""The laggard experiment's plots and Markdown sections (one section per problem)."""
+"""The laggard experiment's plots, one set per problem and one across problems."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from experiments._laggard_claims import RATIOS
-from experiments.outputs import markdown_table
-
-COLUMNS = ["method", "B", "K", "converged", "T_min", "T_med", "T_max", "fresh_med", "steps_med",
-           "lr_med", "mu_med"]  # fmt: skip
+from experiments.laggard.claims import RATIOS
 
 
 def _pyplot():
@@ -90,23 +86,3 @@ def plot_wall(speedups, out: Path) -> str:
     fig.savefig(out / "wall_time.png", dpi=70)
     plt.close(fig)
     return "wall_time.png"
-
-
-def section(title: str, csv_name: str, rows, fixed, speedups, claims, plots) -> list[str]:
-    """One problem's Markdown: claims, plots, the grid, the bound, fixed-rate and wall time."""
-    lines = [f"## {title}", "", "### Claims", "", *[f"- {c}" for c in claims], ""]
-    lines += [*[f"![{p}]({p})" for p in plots], ""]
-    lines += [f"All (method, B, K) cells (`{csv_name}`):", "", markdown_table(rows, COLUMNS), ""]
-    bound = [r for r in rows if r["method"] == "gd" and r.get("bound")]
-    if bound:
-        lines += ["Echoed GD bound at the measured T (`bound_curv` is its curvature part):", "",
-                  markdown_table(bound, ["B", "K", "T_med", "measured", "bound", "bound_curv",
-                                         "K_star"]), ""]  # fmt: skip
-    if fixed:
-        lines += ["Rate fixed at each B's K=1 optimum (`fixed_rate.csv`):", "",
-                  markdown_table(fixed, COLUMNS), ""]  # fmt: skip
-    gd = [r for r in speedups if r["method"] in ("gd", "nesterov")]
-    lines += ["Modelled wall time, best K per laggard ratio R, against the same method at K=1 "
-              "(`wall_time.csv`; GD and Nesterov, prox-GD in the CSV):", "",
-              markdown_table(gd, ["method", "B", "R", "best_K", "speedup", "fresh_cut"]), ""]  # fmt: skip
-    return lines
