@@ -185,16 +185,17 @@ def run_ranks(fn: Any, *args: Any, timeout: float = 100) -> list[Any]:
 def _rank(rank: int, settings: dict, fault: tuple | None) -> dict[str, Any]:
     """One rank of a run; with ``fault``, rank 1 signals itself (:class:`SignalAt`)."""
     import dataecho.app.distributed.loop as loop
+    import dataecho.app.train as training
 
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "3"  # a grace of 1 s
     if fault is not None:
-        build = loop.build_data
+        build = training.build_data
 
         def signalled(cfg: TrainConfig) -> Any:
             data = build(cfg)
             return dataclasses.replace(data, train=SignalAt(data.train, *fault))
 
-        loop.build_data = signalled
+        training.build_data = signalled  # in this forked rank only
     lines: list[str] = []
     cfg = config_from(None, settings, defaults={"progress": False})
     try:

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from dataecho.app import cli
-from dataecho.app.checkpoint import list_checkpoints, load_checkpoint
+from dataecho.app.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from dataecho.app.config import ConfigError, TrainConfig, config_from
 from dataecho.app.train import train
 
@@ -80,6 +80,20 @@ def test_resume_with_another_number_of_ranks_continues_the_count(two_rank_run, m
     assert r.fresh_examples == 1536  # 1,024 before, 512 more on the one rank now
     assert r.ranks[0]["fresh_examples"] == 512 and r.ranks[0]["allreduce_calls"] == 8
     assert r.test_accuracy is not None and r.history[-1]["fresh"] == 1536
+
+
+@pytest.mark.timeout(240)
+def test_a_single_process_refuses_to_resume_a_data_parallel_checkpoint(two_rank_run):
+    _, _, folder, _ = two_rank_run
+    before = list_checkpoints(folder)
+    cfg = config_from(None, {"sync": "local-echo", "echo_factor": "2", "where": "batch",
+                             "budget": "2048", "checkpoint_dir": str(folder), "resume": "true",
+                             "train_examples": "1024", "batch_size": "64", "num_workers": "0",
+                             "eval_examples": "200", "eval_every": "512", "seed": "3"})  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"written by a data-parallel run of [12] ranks; "
+                       "resume it with --nproc N or under torchrun"):  # fmt: skip
+        train(cfg, log=lambda line: None)
+    assert list_checkpoints(folder) == before  # nothing written
 
 
 @pytest.mark.timeout(240)

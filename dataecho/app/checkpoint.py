@@ -1,4 +1,4 @@
-"""Training checkpoints: written atomically, read back with ``torch.load(weights_only=True)``.
+"""Checkpoint files: written atomically, read back with ``torch.load(weights_only=True)``.
 
     path = save_checkpoint("ckpt/", state, step=1200, keep=2)   # ckpt/step-00001200.pt
     path = latest_checkpoint("ckpt/")                             # None when there is none yet
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from dataecho import _validate
+from dataecho.errors import DataechoError
 
 FORMAT = "dataecho-train-checkpoint"
 VERSION = 1
@@ -46,7 +47,7 @@ _PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.Si
 MIN_FREE_BYTES = 16 << 20
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DataechoError, ValueError):
     """A checkpoint that cannot be used here; the message says which file and why."""
 
 

@@ -36,6 +36,9 @@ T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+# A BaseException, not a DataechoError: it must pass every ``except Exception`` between the
+# handler and the loop (a retrying upstream read, a framework's error handling), as
+# KeyboardInterrupt does, or a SIGTERM could be swallowed and the run go on.
 class Terminated(BaseException):
     """SIGTERM arrived. Raised in the main thread (a BaseException, as KeyboardInterrupt is, so
     that ``except Exception`` does not swallow it) so that every ``finally`` runs on the way

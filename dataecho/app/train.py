@@ -18,20 +18,26 @@ Time: ``wall_seconds`` runs from the first batch request to the last step, the p
 evaluations and checkpoint writes included: they are part of what a user waits for. Building
 the data before and the final whole-split evaluation after are outside it.
 
-Threads: on the 2-core target machine the step runs on 1 torch thread here and the upstream
-in 1 loader worker on the other core (the defaults). Wall seconds of 18,000 fresh examples,
-e=1 / e=4, from ``dataecho train --read-delay 0.0006 --target-accuracy off --budget 18000
---threads T --num-workers W --echo-factor E`` (e=4 with a 1,024-example shuffle buffer; measured
-with this loop's predecessor, same loader and step, on 2 cores shared with other jobs: rough):
+Threads: the step runs on ``threads`` torch threads (default 1) and the upstream in
+``num_workers`` loader workers (default 1), so that on a small machine the step and the
+worker each have a core rather than fight for them.
 
-    1 thread,  1 worker    12.7 / 19.9   <- the defaults
-    2 threads, 1 worker    12.5 / 54.0   (step and worker fight for the cores)
-    1 thread,  0 workers   14.1 / 28.7   (reads and augmentation stall the step)
-    2 threads, 0 workers   18.3 / 26.0
+Data parallel (``nproc`` > 1, or started by torchrun): the same loop on every rank, the
+sync mode a strategy it calls after the backward pass and after each step
+(:mod:`dataecho.app.distributed.strategy`: ``ddp`` exchanges in every step's gradient round,
+``local-echo`` at each fresh batch's model average; one process exchanges with itself after
+every step). Decisions are taken after an exchange, from counts summed in it, so every rank
+takes the same one there: stop at the budget (global fresh examples) or ``max_steps`` (mean
+steps per rank), evaluate and log (rank 0), checkpoint (rank 0 writes every rank's state). A
+target rank 0 reaches is voted in the next exchange, as is a SIGINT/SIGTERM with
+``checkpoint_on_exit`` (:mod:`dataecho.app.distributed.signals`). Each rank reads its own
+share of the upstream, epoch after epoch on its own; the final model is the same on every
+rank. ``nproc`` > 1 outside torchrun launches the ranks (:mod:`dataecho.app.distributed.launch`)
+and returns rank 0's :class:`~dataecho.app.distributed.result.DistributedResult`.
 
 Checkpoints (``checkpoint_dir``): every ``checkpoint_every`` steps and at the end, the model,
 optimizer, loader state, counters, history and the loop's RNG, written atomically
-(:mod:`dataecho.app.checkpoint`). ``resume`` continues from the latest one. With
+(:mod:`dataecho.app.training.checkpoints`). ``resume`` continues from the latest one. With
 ``checkpoint_on_exit``, SIGINT or SIGTERM also writes one at the step reached (the step under
 way finishes first; a wait for data is cut short) before the run stops
 (:mod:`dataecho.app.shutdown`). An in-memory upstream is map-style and resumes exactly where the
@@ -49,22 +55,35 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from dataecho.app.config import TrainConfig
 from dataecho.app.distributed.group import in_torchrun
+from dataecho.app.distributed.launch import launch_ranks
+from dataecho.app.distributed.rank import Rank, join_group
+from dataecho.app.distributed.result import distributed_result, rank_counters
+from dataecho.app.distributed.signals import StopSignals, stopping, void
+from dataecho.app.distributed.strategy import make_sync
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.shutdown import ExitCheckpoint
-from dataecho.app.training.checkpoints import RESUME_MUST_MATCH, resume_or_start, save, save_on_exit
+from dataecho.app.training.checkpoints import (
+    RESUME_MUST_MATCH,
+    RunParts,
+    resume_or_start,
+    save,
+    save_on_exit,
+)
 from dataecho.app.training.loader import make_loader
 from dataecho.app.training.recipe import (
     build_model,
     evaluate_split,
     measure_step_seconds,
+    on_cpu,
     step_loss,
+    to_device,
     torch_threads,
 )
 from dataecho.app.training.record import (
@@ -74,8 +93,14 @@ from dataecho.app.training.record import (
     line_logger,
     train_result,
 )
-from dataecho.app.training.schedule import periodic_evaluation, run_evaluations
-from dataecho.app.upstream import build_data
+from dataecho.app.training.schedule import (
+    checkpoint_due,
+    count_exchange,
+    periodic_evaluation,
+    run_evaluations,
+)
+from dataecho.app.upstream import Data, build_data
+from dataecho.loader import EchoingDataLoader
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
 
@@ -93,68 +118,141 @@ __all__ = [
 def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
     """Train as ``config`` says; log one line per evaluation. See the module docstring."""
     cfg = config
-    if cfg.nproc > 1 or in_torchrun():  # data parallel: dataecho.app.distributed
-        from dataecho.app.distributed import run_distributed
-
-        return run_distributed(cfg, log)
-    with torch_threads(cfg.threads):  # why 1: the module docstring's table
-        torch.manual_seed(cfg.seed)  # the model's initial weights
+    if cfg.nproc > 1 and not in_torchrun():
+        return launch_ranks(cfg, train)  # every rank runs this function under torchrun
+    with contextlib.ExitStack() as stack:
+        rank = stack.enter_context(join_group(cfg)) if in_torchrun() else None
+        stack.enter_context(torch_threads(cfg.threads))  # why 1: the module docstring
+        me, world = (None, 1) if rank is None else (rank.rank, rank.world_size)
+        device = torch.device("cpu") if rank is None else rank.info.device
+        say = line_logger(cfg, log) if me in (None, 0) else (lambda line: None)
+        torch.manual_seed(cfg.seed)  # the model's initial weights, the same on every rank
         data = build_data(cfg)
         model, optimizer = build_model(cfg, data)
+        model.to(device)
         loader = make_loader(cfg, data)
-        run, history, losses = RunCounters(next_eval=cfg.eval_every), [], []
+        sync = make_sync(cfg, model, rank)  # none, ddp or local-echo
+        parts = RunParts(data, model, optimizer, loader, sync, rank)
+        run = RunCounters(next_eval=cfg.eval_every, next_checkpoint=cfg.checkpoint_every)
+        history: list[dict[str, float]] = []
+        losses: list[float] = []
         if cfg.checkpoint_dir is not None:
-            run, history, losses = resume_or_start(cfg, data, model, optimizer, loader, run, log)
-        say = line_logger(cfg, log)
-        say(f"[{cfg.name}] upstream: {data.description}")
+            run, history, losses = resume_or_start(cfg, parts, run, say)
+        sync.start(loader.stats.fresh_examples)  # every rank from rank 0's model
+        group = "" if rank is None else (f"{world} ranks ({rank.info.backend}, sync "
+                                         f"{cfg.sync}); rank 0 ")  # fmt: skip
+        say(f"[{cfg.name}] {group}upstream: {data.description}")
 
         bar = TrainingProgress(loader, desc=cfg.name, batch_size=cfg.batch_size,
-                               disable=not cfg.progress, total_steps=cfg.max_steps)  # fmt: skip
+                               disable=not cfg.progress or rank is not None,
+                               total_steps=cfg.max_steps)  # fmt: skip
         start = time.perf_counter() - run.seconds  # after a resume: the checkpoint's wall time
-        final_save = functools.partial(save_on_exit, cfg, run, model, optimizer, loader, data,
-                                       history, losses, start)  # fmt: skip
-        on_exit = ExitCheckpoint(loader, final_save if cfg.checkpoint_on_exit else None,
-                                 log=say, label=cfg.name)  # signals: dataecho.app.shutdown  # fmt: skip
+        if rank is not None:  # a rank's first row measures from here, resumed or not
+            s = loader.stats
+            run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, run.seconds]
+        final_save = functools.partial(save_on_exit, cfg, parts, run, history, losses, start)
+        on_exit = ExitCheckpoint(loader, final_save if cfg.checkpoint_on_exit and rank is None
+                                 else None, log=say, label=cfg.name)  # fmt: skip
+        signals = rank.signals if rank is not None else StopSignals(enabled=False)
         evaluate_snapshot = functools.partial(periodic_evaluation, cfg, split=data.eval_set)
         evaluator = (
-            BackgroundEvaluator(model, evaluate_snapshot) if cfg.eval_in_background else None
+            BackgroundEvaluator(model, evaluate_snapshot)
+            if cfg.eval_in_background and rank is None
+            else None
         )
-        with bar, loader, on_exit, evaluator or contextlib.nullcontext():
-            # on the way out: handlers restored, workers and evaluation thread stopped, bar
-            while not run.done:  # one pass of the loader: one epoch of fresh data
-                data.set_epoch(run.epoch)
-                for batch in on_exit.batches(bar.wrap(loader)):
-                    t0 = time.perf_counter()
-                    loss = step_loss(cfg, model, batch)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    run.step_seconds += time.perf_counter() - t0
-                    run.steps += 1
-                    losses.append(loss.item())
-                    run.loss_sum, run.loss_count = run.loss_sum + losses[-1], run.loss_count + 1
 
-                    run_evaluations(cfg, run, model, loader, data, history, start, say, evaluator)
-                    if cfg.checkpoint_dir and (run.done or run.steps % cfg.checkpoint_every == 0):
-                        run.seconds = time.perf_counter() - start
-                        save(cfg, run, model, optimizer, loader, data, history, losses)
-                    on_exit.after_step()  # a signal during the step: checkpoint, then stop
-                    if run.done:
-                        break
-                else:
-                    run.epoch += 1
-                    if loader.stats.fresh_examples == 0:
-                        raise ValueError(
-                            f"the loader gave no batch of {cfg.batch_size}: the training set "
-                            f"has {dataset_size(data)} examples; use a smaller batch_size or more"
-                        )
+        def checkpoint() -> Any:  # at an exchange: the wall time so far goes in
             run.seconds = time.perf_counter() - start
+            return save(cfg, parts, run, history, losses)
+
+        def control(pending: list[int], void: bool = False) -> list[float]:
+            """This process's control numbers for the next exchange (:mod:`.sync`)."""
+            return [*pending, float(run.stop_vote), *signals.votes(void)]
+
+        def stop_on_signal(summed: list[float]) -> None:  # data parallel: every rank at once
+            assert rank is not None
+            rank.stop_on_signal(cfg, run.global_steps, summed, checkpoint, say)
+
+        def probe(net: torch.nn.Module) -> torch.Tensor:  # a loss without a batch of ours
+            inputs, targets = data.eval_set
+            return step_loss(cfg, net, to_device((inputs[:1], targets[:1]), device))
+
+        seen, pending = loader.stats.fresh_examples, [0, 0]  # since the last exchange
+        batches = on_exit.batches(_epochs(cfg, data, loader, run, bar, rank))
+        with (
+            bar,
+            loader,
+            on_exit,
+            evaluator or contextlib.nullcontext(),
+            contextlib.closing(batches),
+        ):  # on the way out: batches, evaluation thread, handlers, workers, bar
+            while not run.done:
+                batch = signals.fetch(batches)
+                if batch is None:  # signalled, and no batch within the grace: stop
+                    stop_on_signal(sync.void_exchange(control([0, 0], void=True), probe,
+                                                      optimizer))  # fmt: skip
+                t0 = time.perf_counter()
+                loss = step_loss(cfg, sync.net, to_device(batch, device))
+                optimizer.zero_grad(set_to_none=True)
+                now = loader.stats.fresh_examples
+                pending, seen = [pending[0] + now - seen, pending[1] + 1], now
+                summed = sync.backward(loss, control(pending))  # ddp: an exchange
+                if summed is not None and void(summed):  # a rank has no step: none is taken
+                    stop_on_signal(summed)
+                optimizer.step()
+                run.step_seconds += time.perf_counter() - t0
+                run.steps += 1
+                losses.append(loss.item())
+                run.loss_sum, run.loss_count = run.loss_sum + losses[-1], run.loss_count + 1
+                if summed is None:  # local-echo: at a sync point; one process: every step
+                    summed = sync.after_step(now, control(pending))
+
+                if summed is not None:  # an exchange: the same decisions on every rank
+                    if void(summed):
+                        stop_on_signal(summed)
+                    pending = [0, 0]
+                    count_exchange(cfg, run, summed)
+                    run_evaluations(cfg, run, model, loader, data, history, start, say,
+                                    evaluator, rank=me, world=world,
+                                    extra=None if rank is None else rank.comm_row)  # fmt: skip
+                    if cfg.checkpoint_dir is not None and checkpoint_due(cfg, run, world):
+                        checkpoint()
+                    if stopping(summed):  # after the exchange, as a periodic checkpoint
+                        stop_on_signal(summed)
+                on_exit.after_step()  # one process: a signal during the step stops it here
+            run.seconds = time.perf_counter() - start
+            counters = None if rank is None else rank.gather(rank_counters(rank, loader, run.steps))
         # Stopped at a target found in the background: the final figures are those of the
         # weights that reached it (the evaluator's snapshot), as they are in line.
         at_target = evaluator is not None and run.to_target is not None and cfg.stop_at_target
         weights = evaluator.snapshot if at_target else model
-        final = evaluate_split(cfg, weights, data.final_set, full=True)
-    return train_result(cfg, run, loader, final, history, losses)
+        final = (evaluate_split(cfg, on_cpu(weights), data.final_set, full=True)
+                 if me in (None, 0) else (None, float("nan")))  # fmt: skip
+    result = train_result(cfg, run, loader, final, history, losses)
+    if rank is None:
+        return result
+    assert counters is not None
+    return distributed_result(result, counters, fresh=run.fresh, rank=rank.rank, sync=cfg.sync)
+
+
+def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCounters,
+            bar: TrainingProgress, rank: Rank | None) -> Iterator[Any]:  # fmt: skip
+    """This process's batches, epoch after epoch, without end (each rank's epochs end on
+    their own, so unequal shares cannot leave a rank waiting in a collective)."""
+    while True:
+        data.set_epoch(run.epoch)
+        count = 0
+        for batch in bar.wrap(loader):
+            count += 1
+            yield batch
+        if count == 0:
+            who = "the loader" if rank is None else f"rank {rank.rank}'s loader"
+            shared = "" if rank is None else f", shared by {rank.world_size} ranks"
+            raise ValueError(
+                f"{who} gave no batch of {cfg.batch_size}: the training set has "
+                f"{dataset_size(data)} examples{shared}; use a smaller batch_size or more data"
+            )
+        run.epoch += 1
 
 
 def profile_run(cfg: TrainConfig, seconds: float = 10.0) -> ProfileReport:

@@ -6,7 +6,9 @@
 ``sync="ddp"`` all-reduces gradients every step, echoed steps included (``e`` rounds per fresh
 batch); ``sync="local-echo"`` takes echo steps locally and averages the model once per fresh
 batch (one round, whatever ``e``), or with probability ``avg_prob``. See :mod:`.sync` for the
-rule, :mod:`.loop` for the loop and the resume rule, :mod:`.group` for failure reports.
+rule and :mod:`.strategy` for how the loop (:func:`dataecho.app.train.train`, the one loop of
+every run) calls it, :mod:`.rank` and :mod:`.signals` for what only ranks do (stop together),
+:mod:`.group` for failure reports, :mod:`dataecho.app.training.checkpoints` for checkpoints.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from dataecho.app.distributed.group import GroupInfo, Guard, RankFailure, in_torchrun
-from dataecho.app.distributed.launch import LaunchError, launch
+from dataecho.app.distributed.launch import LaunchError, launch_ranks
 from dataecho.app.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
 
 __all__ = [
@@ -30,6 +32,14 @@ __all__ = [
     "launch",
     "run_distributed",
 ]
+
+
+def launch(cfg: Any) -> Any:
+    """Run ``cfg`` on ``cfg.nproc`` local ranks (:func:`.launch.launch_ranks`); return rank
+    0's :class:`.result.DistributedResult`."""
+    from dataecho.app.train import train  # here: train imports this package's modules
+
+    return launch_ranks(cfg, train)
 
 
 def run_distributed(cfg: Any, log: Any = print) -> Any:

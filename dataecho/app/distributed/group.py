@@ -29,12 +29,14 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from dataecho.errors import DataechoError
+
 T = TypeVar("T")
 HEARTBEAT = 0.5  # seconds between heartbeats; a failure is diagnosed over 3 of them
 _PREFIX = "dataecho/"
 
 
-class RankFailure(RuntimeError):
+class RankFailure(DataechoError, RuntimeError):
     """Another rank died or hangs; the message names it and the collective it missed."""
 
 
@@ -60,14 +62,7 @@ def init_group(timeout: float) -> GroupInfo:
     is visible, else gloo. ``timeout``: seconds any collective may wait for the other ranks."""
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-    missing = [
-        k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
-    ]
-    if missing:
-        raise RuntimeError(
-            f"not started by torchrun: {', '.join(missing)} unset; launch with torchrun "
-            "--nproc-per-node N (or dataecho train --nproc N)"
-        )
+    require_torchrun()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
@@ -77,6 +72,18 @@ def init_group(timeout: float) -> GroupInfo:
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     return GroupInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend, device, timeout)
+
+
+def require_torchrun() -> None:
+    """Raise RuntimeError, naming what is missing, unless torchrun's environment is set."""
+    missing = [
+        k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
+    if missing:
+        raise RuntimeError(
+            f"not started by torchrun: {', '.join(missing)} unset; launch with torchrun "
+            "--nproc-per-node N (or dataecho train --nproc N)"
+        )
 
 
 def shutdown_group() -> None:

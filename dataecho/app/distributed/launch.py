@@ -1,6 +1,9 @@
 """``dataecho train --nproc N``: start N ranks on this machine with PyTorch's elastic launcher.
 
-    result = launch(TrainConfig(nproc=2, sync="local-echo", echo_factor=4))   # rank 0's result
+    result = launch_ranks(TrainConfig(nproc=2, sync="local-echo"), train)   # rank 0's result
+
+Each rank runs ``entry(cfg)`` (:func:`dataecho.app.train.train`, which sees torchrun's
+environment and trains its part).
 
 The launcher is ``torch.distributed.launcher.elastic_launch``, the API behind ``torchrun
 --standalone --nproc-per-node N``: a c10d rendezvous on a free local port, each rank in a new
@@ -12,7 +15,7 @@ Signals: the launcher forwards SIGINT/SIGTERM to every rank, waits up to
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) and then kills them; ``dataecho train`` exits 130/143.
 A rank stopped by a signal (with ``checkpoint_on_exit``: after the final checkpoint,
 :mod:`.signals`) exits 130/143 too, quietly; ranks that all end so (the launcher itself was
-not signalled: e.g. a scheduler signalled the ranks) make :func:`launch` raise the signal's
+not signalled: e.g. a scheduler signalled the ranks) make :func:`launch_ranks` raise the signal's
 exception rather than a :class:`LaunchError`.
 
 Several machines: start ``torchrun`` on each one instead (see the README), e.g.
@@ -29,18 +32,21 @@ import signal
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from dataecho.app.config import TrainConfig
 from dataecho.app.shutdown import Terminated, exception_for
+from dataecho.errors import DataechoError
 
 
-class LaunchError(RuntimeError):
+class LaunchError(DataechoError, RuntimeError):
     """A rank of a launched run failed; the message names it and its error."""
 
 
-def launch(cfg: TrainConfig) -> Any:
-    """Run ``cfg`` on ``cfg.nproc`` local ranks; return rank 0's result."""
+def launch_ranks(cfg: TrainConfig, entry: Callable[[TrainConfig], Any]) -> Any:
+    """Run ``entry(cfg)`` on ``cfg.nproc`` local ranks; return rank 0's result. ``entry`` must
+    be a module-level function: the ranks are spawned, and it travels pickled by name."""
     # Imported here: the elastic package costs ~0.4 s, which every other command would pay.
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -66,7 +72,7 @@ def launch(cfg: TrainConfig) -> Any:
     quiet.setLevel(logging.CRITICAL)
     handlers = _handlers()  # the launcher installs its own and leaves them behind
     try:
-        results = elastic_launch(config, _rank_main)(cfg)
+        results = elastic_launch(config, _rank_main)(entry, cfg)
     except ChildFailedError as err:
         signum = stopped_by(err)
         if signum is not None:
@@ -116,18 +122,16 @@ def stopped_by(err: Any) -> int | None:
     return signal.SIGTERM if term else signal.SIGINT
 
 
-def _rank_main(cfg: TrainConfig) -> Any:
+def _rank_main(entry: Callable[[TrainConfig], Any], cfg: TrainConfig) -> Any:
     """What each launched rank runs."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     # record: writes this rank's exception to the file the launcher reads into its error.
-    return record(_train_rank)(cfg)
+    return record(_train_rank)(entry, cfg)
 
 
-def _train_rank(cfg: TrainConfig) -> Any:
+def _train_rank(entry: Callable[[TrainConfig], Any], cfg: TrainConfig) -> Any:
     import multiprocessing
-
-    from dataecho.app.distributed.loop import train_distributed
 
     # The launcher spawns this process, which makes "spawn" its default start method; the
     # loader's workers are forked instead, as in a single-process run: spawning them (pickling
@@ -135,7 +139,7 @@ def _train_rank(cfg: TrainConfig) -> Any:
     if "fork" in multiprocessing.get_all_start_methods():
         multiprocessing.set_start_method("fork", force=True)
     try:
-        return train_distributed(cfg)
+        return entry(cfg)
     except (KeyboardInterrupt, Terminated) as stop:
         # Stopped by a signal, every `finally` run (final checkpoint written, workers stopped,
         # group left): end with 130/143 as the command would, without a traceback (the

@@ -1,15 +1,17 @@
-"""What a data-parallel run returns, and the counters its checkpoints carry."""
+"""What a data-parallel run returns: rank 0's view of the run, with every rank's counters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from dataecho.app.train import TrainResult
+from dataecho.app.training.record import TrainResult, skipped_records
 
 
 @dataclass
 class DistributedResult(TrainResult):
-    """A :class:`~dataecho.app.train.TrainResult` (rank 0's view, global fresh examples) with
+    """A :class:`~dataecho.app.training.record.TrainResult` (rank 0's view, global fresh examples) with
     every rank's counters: ``ranks[r]`` has the :class:`CommStats` keys plus fresh_examples,
     steps and rank."""
 
@@ -33,22 +35,35 @@ class DistributedResult(TrainResult):
         return out
 
 
-@dataclass
-class RunCounters:
-    """The loop's counters: all of them go into a checkpoint."""
+def rank_counters(rank: Any, loader: Any, steps: int) -> dict[str, float]:
+    """This rank's entry of :attr:`DistributedResult.ranks` (``rank``: a :class:`.rank.Rank`)."""
+    s = loader.stats
+    return {"rank": rank.rank, **rank.stats.as_dict(), "fresh_examples": s.fresh_examples,
+            "echoed_examples": s.echoed_examples, "steps": steps,
+            "skipped_records": skipped_records(loader)}  # fmt: skip
 
-    steps: int = 0  # this rank's
-    fresh: int = 0  # all ranks', at the last exchange
-    global_steps: int = 0
-    epoch: int = 0  # this rank's
-    next_eval: int = 0
-    seconds: float = 0.0
-    step_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    checkpoint_seconds: float = 0.0
-    next_checkpoint: int = 0  # mean steps per rank
-    loss_sum: float = 0.0
-    loss_count: int = 0
-    stop_vote: bool = False  # rank 0: the target was reached; voted at the next exchange
-    to_target: list[float] | None = None
-    done: bool = False
+
+def distributed_result(result: TrainResult, ranks: list[dict[str, float]], *, fresh: int,
+                       rank: int, sync: str) -> DistributedResult:  # fmt: skip
+    """``result`` (this rank's) with the run's global counts: ``fresh`` examples of all ranks,
+    the echoed copies and skipped records of ``ranks`` (every rank's counters) summed."""
+    echoed = sum(int(r["echoed_examples"]) for r in ranks)
+    mine = {f.name: getattr(result, f.name) for f in fields(TrainResult)}
+    mine.update(fresh_examples=fresh, echoed_examples=echoed,
+                realized_factor=(fresh + echoed) / max(fresh, 1),
+                skipped_records=sum(int(r["skipped_records"]) for r in ranks))  # fmt: skip
+    return DistributedResult(**mine, sync=sync, world_size=len(ranks), rank=rank, ranks=ranks)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RunCounters":  # one counters type now, single-process and data-parallel alike
+        warnings.warn(
+            "dataecho.app.distributed.result.RunCounters moved: use "
+            "dataecho.app.training.record.RunCounters",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from dataecho.app.training.record import RunCounters
+
+        return RunCounters
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -70,8 +70,10 @@ def void(summed: list[float]) -> bool:
     return summed[-1] > 0
 
 
+# A BaseException: it is raised inside the wait for data (the loader's, an upstream's retry
+# loop), and must get past every ``except Exception`` there to cut the wait short.
 class _TooLate(BaseException):
-    """Cuts a wait for data short (a BaseException: no ``except Exception`` swallows it)."""
+    """Cuts a wait for data short (see :meth:`StopSignals.fetch`)."""
 
 
 class StopSignals:

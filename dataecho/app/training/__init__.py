@@ -1,4 +1,6 @@
 """The parts of :func:`dataecho.app.train.train`'s loop, one concern a module: the workload's
-model, loss and evaluation (``recipe``), the evaluation schedule and targets (``schedule``),
-counters, history and result (``record``), and checkpoints (``checkpoints``). The loop itself,
-readable top to bottom, stays in :mod:`dataecho.app.train`."""
+model, loss and evaluation (``recipe``), the evaluation and checkpoint schedule and targets
+(``schedule``), counters, history and result (``record``), the checkpoints of single-process
+and data-parallel runs (``checkpoints``) and the loader (``loader``). The loop itself,
+readable top to bottom, stays in :mod:`dataecho.app.train`; what only ranks of a
+data-parallel run do is in :mod:`dataecho.app.distributed`."""

@@ -1,8 +1,23 @@
-"""The loop's checkpoints: what goes in (model, optimizer, loader state, counters, history,
-RNG, the count of bad records skipped), the final one of a signalled run, and resuming, which
-refuses a folder of another run. Before a run starts, its folder is checked: it can be created,
-written to, and has room for the checkpoints to come (:func:`check_folder`), so a bad folder
-fails at once, not after the training time is spent. Writes are atomic
+"""The run's checkpoints, single-process and data-parallel: what goes in, when a signalled run
+writes its last one, and resuming, which refuses a folder of another run.
+
+In every checkpoint: the config, the data's identity, the model, the optimizer, the counters
+(:class:`~dataecho.app.training.record.RunCounters`), the history, every step's loss and the
+RNG states. Besides, a single process's loader state and its count of skipped bad records; a
+data-parallel run's ``world_size``, ``averaging`` (local-echo's draws) and ``loaders``: every
+rank's loader state, epoch and skipped records (with local-echo, whose momentum stays local,
+its optimizer too), gathered at an exchange, when the models are equal on every rank; rank 0
+writes it, with rank 0's optimizer and losses.
+
+Resuming: a single process continues its loader exactly. Every rank loads the model; with the
+same number of ranks each loader (and local-echo optimizer) continues exactly, with another
+number every rank takes rank 0's optimizer and restarts the checkpoint's epoch (rank 0's) while
+the global fresh-example count continues. A finished run continues only if this config allows
+more (a larger budget or ``max_steps``). Each kind resumes only its own kind of checkpoint.
+
+Before a run starts, its folder is checked (by rank 0 in a data-parallel run): it can be
+created, written to, and has room for the checkpoints to come (:func:`check_folder`), so a bad
+folder fails at once, not after the training time is spent. Writes are atomic
 (:mod:`dataecho.app.checkpoint`): a failed one raises, naming the file and why, and leaves the
 earlier checkpoints loadable.
 """
@@ -13,6 +28,7 @@ import dataclasses
 import math
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,8 +43,12 @@ from dataecho.app.checkpoint import (
     save_checkpoint,
 )
 from dataecho.app.config import TrainConfig
+from dataecho.app.distributed.rank import Rank
+from dataecho.app.distributed.strategy import SingleProcess
 from dataecho.app.training.record import RunCounters
 from dataecho.app.training.schedule import at_limit
+from dataecho.app.upstream import Data
+from dataecho.loader import EchoingDataLoader
 
 # Settings that shape the stream or the model: a checkpoint continues only a run that had them.
 RESUME_MUST_MATCH = ("workload", "seq_len", "augment_pad", "train_examples", "echo_factor",
@@ -36,39 +56,79 @@ RESUME_MUST_MATCH = ("workload", "seq_len", "augment_pad", "train_examples", "ec
                      "momentum", "num_workers", "seed")  # fmt: skip
 
 
-def save(cfg, run, model, optimizer, loader, data, history, losses, loader_state=None):  # noqa: ANN001, ANN202
-    t0 = time.perf_counter()
-    state = {
+@dataclasses.dataclass
+class RunParts:
+    """What a checkpoint holds besides the counters, history and losses; ``rank`` is None in a
+    single process."""
+
+    data: Data
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: EchoingDataLoader
+    sync: SingleProcess
+    rank: Rank | None
+
+
+def save(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list, losses: list,
+         loader_state: dict[str, Any] | None = None) -> Path | None:  # fmt: skip
+    """Write a checkpoint now (``loader_state``: the loader's, taken earlier). Data parallel:
+    every rank calls it (a gather); rank 0 writes and returns the path, the others None."""
+    t0, rank, loader = time.perf_counter(), parts.rank, parts.loader
+    mine = {"loader": loader.state_dict() if loader_state is None else loader_state}
+    mine["skipped_records"] = skipped_to_keep(loader, mine["loader"])
+    if rank is None:
+        state = {**_state(cfg, parts, run, history, losses), **mine}
+        path = save_checkpoint(cfg.checkpoint_dir, state, step=run.steps,
+                               keep=cfg.keep_checkpoints)  # fmt: skip
+    else:
+        mine["epoch"] = run.epoch
+        if parts.sync.keeps_local_optimizer:  # local-echo: momentum differs between ranks
+            mine["optimizer"] = parts.optimizer.state_dict()
+        every, path = rank.gather(mine), None
+        if rank.rank == 0:
+            state = {**_state(cfg, parts, run, history, losses), "world_size": rank.world_size,
+                     "loaders": every, "averaging": parts.sync.state_dict()}  # fmt: skip
+            path = save_checkpoint(cfg.checkpoint_dir, state, step=run.global_steps,
+                                   keep=cfg.keep_checkpoints)  # fmt: skip
+        rank.saved_at = run.global_steps
+    run.checkpoint_seconds += time.perf_counter() - t0
+    return path
+
+
+def _state(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list, losses: list,
+           ) -> dict[str, Any]:  # fmt: skip
+    """What every checkpoint holds (module docstring)."""
+    return {
         "config": cfg.to_dict(),
-        "data": data.identity,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "loader": loader.state_dict() if loader_state is None else loader_state,
+        "data": parts.data.identity,
+        "model": {k: v.cpu() for k, v in parts.model.state_dict().items()},
+        "optimizer": parts.optimizer.state_dict(),
         "run": dataclasses.asdict(run),
         "history": history,
         "losses": torch.tensor(losses, dtype=torch.float64),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
     }
-    state["skipped_records"] = skipped_to_keep(loader, state["loader"])
-    path = save_checkpoint(cfg.checkpoint_dir, state, step=run.steps, keep=cfg.keep_checkpoints)
-    run.checkpoint_seconds += time.perf_counter() - t0
-    return path
 
 
-def save_on_exit(cfg, run, model, optimizer, loader, data, history, losses, start, state):  # noqa: ANN001, ANN202
-    """The final checkpoint of a signalled run (:mod:`dataecho.app.shutdown`); a step already
-    checkpointed (periodically, at the end, or the one resumed from) is not written again."""
+def save_on_exit(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list,
+                 losses: list, start: float, loader_state: dict[str, Any]) -> Path | None:  # fmt: skip
+    """A single process's final checkpoint of a signalled run (:mod:`dataecho.app.shutdown`);
+    a step already checkpointed (periodically, at the end, or the one resumed from) is not
+    written again."""
     found = list_checkpoints(cfg.checkpoint_dir)
     if found and found[-1][0] == run.steps:
         return found[-1][1]
     run.seconds = time.perf_counter() - start
-    return save(cfg, run, model, optimizer, loader, data, history, losses, state)
+    return save(cfg, parts, run, history, losses, loader_state)
 
 
-def resume_or_start(cfg, data, model, optimizer, loader, run, log):  # noqa: ANN001, ANN202
+def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: Any,
+                    ) -> tuple[RunCounters, list, list]:  # fmt: skip
     """Check the folder (:func:`check_folder`); load the latest checkpoint when resuming;
-    refuse to mix a new run into an old folder."""
-    check_folder(cfg, model)
+    refuse to mix a new run into an old folder. Returns the counters, history and losses."""
+    rank, data = parts.rank, parts.data
+    if rank is None or rank.rank == 0:  # the writer; the launcher stops the other ranks if it fails
+        check_folder(cfg, parts.model, loaders=1 if rank is None else rank.world_size)
     path = checkpoint_to_resume(cfg.checkpoint_dir, cfg.resume)
     if not cfg.resume:
         return run, [], []
@@ -76,25 +136,75 @@ def resume_or_start(cfg, data, model, optimizer, loader, run, log):  # noqa: ANN
         log(f"[{cfg.name}] no checkpoint in {cfg.checkpoint_dir} yet: starting from the beginning")
         return run, [], []
     ckpt = load_checkpoint(path)
+    _check_kind(ckpt, path, data_parallel=rank is not None)
     check_same(ckpt["config"], cfg.to_dict(), RESUME_MUST_MATCH, path)
     if ckpt["data"] != data.identity:
         raise CheckpointError(
             f"{path} was trained on other data ({ckpt['data']}) than this upstream has "
             f"({data.identity}); point the upstream at the data it was trained on"
         )
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    loader.load_state_dict(ckpt["loader"])
-    resume_skipped(loader, ckpt.get("skipped_records", 0))
+    parts.model.load_state_dict(ckpt["model"])
+    run = RunCounters(**ckpt["run"])
+    if rank is None:
+        _resume_process(ckpt, parts, run)
+        log(f"[{cfg.name}] resumed from {path}: step {run.steps:,}, {run.fresh:,} fresh "
+            f"examples, {run.seconds:.1f} s")  # fmt: skip
+    else:
+        _resume_rank(ckpt, parts, run, rank)
+        log(f"[{cfg.name}] resumed from {path} ({len(ckpt['loaders'])} ranks then, "
+            f"{rank.world_size} now): {run.fresh:,} fresh examples, {run.global_steps:,} steps")  # fmt: skip
     torch.set_rng_state(ckpt["rng"]["torch"])
     random.setstate(ckpt["rng"]["python"])
-    run = RunCounters(**ckpt["run"])
-    # A finished run continues only if this config allows more (a larger budget or max_steps).
+    if "next_checkpoint" not in ckpt["run"]:  # a single process's checkpoint before it was kept
+        run.next_checkpoint = (run.steps // cfg.checkpoint_every + 1) * cfg.checkpoint_every
     reached = run.to_target is not None and cfg.stop_at_target and cfg.target is not None
-    run.done = reached or at_limit(cfg, run, loader.stats.fresh_examples)
-    log(f"[{cfg.name}] resumed from {path}: step {run.steps:,}, "
-        f"{loader.stats.fresh_examples:,} fresh examples, {run.seconds:.1f} s")  # fmt: skip
-    return run, list(ckpt["history"]), ckpt["losses"].tolist()
+    run.stop_vote = False
+    run.done = reached or at_limit(cfg, run, 1 if rank is None else rank.world_size)
+    losses = ckpt["losses"].tolist() if rank is None or rank.rank == 0 else []  # rank 0's
+    return run, list(ckpt["history"]), losses
+
+
+def _check_kind(ckpt: dict[str, Any], path: Path, *, data_parallel: bool) -> None:
+    if data_parallel and "loaders" not in ckpt:
+        raise CheckpointError(
+            f"{path} was written by a single-process run; resume it without --nproc or "
+            "torchrun (a data-parallel run resumes only data-parallel checkpoints)"
+        )
+    if not data_parallel and "loaders" in ckpt:
+        raise CheckpointError(
+            f"{path} was written by a data-parallel run of {ckpt.get('world_size')} ranks; "
+            "resume it with --nproc N or under torchrun (a single process resumes only "
+            "single-process checkpoints)"
+        )
+
+
+def _resume_process(ckpt: dict[str, Any], parts: RunParts, run: RunCounters) -> None:
+    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    parts.loader.load_state_dict(ckpt["loader"])
+    resume_skipped(parts.loader, ckpt.get("skipped_records", 0))
+    run.fresh, run.global_steps = parts.loader.stats.fresh_examples, run.steps
+
+
+def _resume_rank(ckpt: dict[str, Any], parts: RunParts, run: RunCounters, rank: Rank) -> None:
+    loaders, loader = ckpt["loaders"], parts.loader
+    same = len(loaders) == rank.world_size  # the same shares: continue exactly
+    mine = loaders[rank.rank] if same else loaders[0]
+    parts.optimizer.load_state_dict(mine.get("optimizer", ckpt["optimizer"]) if same
+                                    else ckpt["optimizer"])  # fmt: skip
+    parts.sync.load_state_dict(ckpt["averaging"])
+    run.epoch = int(mine["epoch"])
+    if same:
+        loader.load_state_dict(mine["loader"])
+        resume_skipped(loader, mine.get("skipped_records", 0))
+    else:  # other shares: restart rank 0's epoch (module docstring)
+        loader.load_state_dict({"epoch": run.epoch - 1, "seed": loader.seed, "root": None,
+                                "stats": loader.stats.state_dict()})  # fmt: skip
+        # The restarted epoch is read, and its bad records skipped, again: rank 0 carries
+        # the finished epochs' skips of all ranks.
+        carried = sum(int(r.get("skipped_records", 0)) for r in loaders)
+        resume_skipped(loader, carried if rank.rank == 0 else 0)
+    run.steps = run.global_steps // len(loaders)  # this rank's share of the steps so far
+    rank.saved_at = run.global_steps
 
 
 def check_folder(cfg: TrainConfig, model: torch.nn.Module, *, loaders: int = 1) -> None:

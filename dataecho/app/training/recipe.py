@@ -6,6 +6,7 @@ the step's own time (t_down). ``cnn``: SmallCNN with SGD + Nesterov momentum on 
 from __future__ import annotations
 
 import contextlib
+import copy
 import statistics
 import time
 from collections.abc import Iterator
@@ -58,6 +59,20 @@ def evaluate_split(
     batches = ((inputs[i : i + 256], targets[i : i + 256]) for i in range(0, len(inputs), 256))
     loss = char_lm.evaluate(model, batches)
     return (None, loss) if full else loss
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` on ``device`` (as it is on the CPU)."""
+    if device.type == "cpu":
+        return batch
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def on_cpu(model: torch.nn.Module) -> torch.nn.Module:
+    """The model on the CPU, where evaluation runs (a copy when training on a GPU)."""
+    if next(model.parameters()).device.type == "cpu":
+        return model
+    return copy.deepcopy(model).cpu()
 
 
 def metric_key(cfg: TrainConfig) -> str:

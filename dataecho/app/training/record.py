@@ -55,11 +55,17 @@ class TrainResult:
 
 @dataclass
 class RunCounters:
-    """The loop's counters: all of it goes into a checkpoint, so a resume continues them."""
+    """The loop's counters, single-process and data-parallel alike: all of them go into a
+    checkpoint, so a resume continues them. ``fresh`` and ``global_steps`` are the run's, all
+    ranks together, as of the last exchange (every step in a single process), so every rank
+    takes the same decisions from them."""
 
-    steps: int = 0
-    epoch: int = 0
-    next_eval: int = 0
+    steps: int = 0  # this process's optimizer steps
+    fresh: int = 0  # fresh examples read from upstream, all ranks
+    global_steps: int = 0  # steps of all ranks
+    epoch: int = 0  # this process's loader epochs
+    next_eval: int = 0  # fresh examples at the next evaluation
+    next_checkpoint: int = 0  # steps (mean per rank) at the next periodic checkpoint
     seconds: float = 0.0  # wall time up to the last checkpoint (a resume starts from it)
     step_seconds: float = 0.0
     eval_seconds: float = 0.0
@@ -67,7 +73,8 @@ class RunCounters:
     loss_sum: float = 0.0  # training loss since the last evaluation
     loss_count: int = 0
     mark: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0.0])  # at the last eval:
-    # fresh, examples out, wait seconds, wall seconds
+    # fresh, examples out, wait seconds (this process's loader), wall seconds
+    stop_vote: bool = False  # data parallel: the target was reached, voted at the next exchange
     to_target: list[float] | None = None  # fresh, steps, seconds at the first target hit
     done: bool = False
 
@@ -90,11 +97,14 @@ def history_row(
     metric: float,
     screened: int,
     seconds: float,
+    extra: dict[str, float] | None = None,
 ) -> dict[str, float]:
+    """One evaluation's row (:class:`TrainResult`'s ``history``); ``extra``: more keys (a
+    data-parallel run's communication counters)."""
     s = loader.stats
     fresh0, out0, wait0, seconds0 = run.mark
     row = {
-        "fresh": s.fresh_examples,
+        "fresh": run.fresh,
         "steps": run.steps,
         "seconds": seconds,
         metric_key(cfg): metric,
@@ -106,7 +116,8 @@ def history_row(
         "step_seconds": run.step_seconds,
         "eval_seconds": run.eval_seconds,
         "screened": screened,  # 1: only the cheap screen ran (see periodic_evaluation)
-        "skipped_records": skipped_records(loader),
+        "skipped_records": skipped_records(loader),  # this process's (rank 0's)
+        **(extra or {}),
     }
     run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
     run.loss_sum, run.loss_count = 0.0, 0
@@ -122,6 +133,7 @@ def log_line(cfg: TrainConfig, row: dict[str, float]) -> str:
         f"echo {row['realized_factor']:4.2f}x | stall {row['stall']:4.0%} | "
         f"loss {row['train_loss']:.3f} | {metric} | {row['seconds']:6.1f} s"
         + (f" | {skipped:,} bad record(s) skipped" if skipped else "")
+        + (f" | {row['allreduce_calls']:,} all-reduces" if "allreduce_calls" in row else "")
     )
 
 

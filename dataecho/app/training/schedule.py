@@ -1,8 +1,13 @@
-"""When the loop evaluates, what it records, and when a run is done (budget or target).
+"""When the loop evaluates and checkpoints, what it records, and when a run is done (budget
+or target).
 
-Evaluations run on a schedule of fresh examples (``eval_every``), in line or in a background
-thread on a snapshot (:mod:`dataecho.app.evaluation`); a target counts when its evaluation has
-finished, and only a full evaluation (not a screen) decides it.
+The loop decides after an *exchange* (after every step in a single process; where the ranks
+sum their counts in a data-parallel run: :mod:`dataecho.app.distributed.strategy`), from the
+run's counts as of that exchange, so every rank decides the same. Evaluations run on a
+schedule of fresh examples (``eval_every``), in line or in a background thread on a snapshot
+(:mod:`dataecho.app.evaluation`); a target counts when its evaluation has finished, and only a
+full evaluation (not a screen) decides it. Checkpoints: every ``checkpoint_every`` steps (mean
+per rank) and at the end.
 """
 
 from __future__ import annotations
@@ -14,35 +19,63 @@ import torch
 
 from dataecho.app.config import TrainConfig
 from dataecho.app.evaluation import BackgroundEvaluator
-from dataecho.app.training.recipe import better, evaluate_split, metric_key
+from dataecho.app.training.recipe import better, evaluate_split, metric_key, on_cpu
 from dataecho.app.training.record import RunCounters, history_row, log_line
 from dataecho.app.upstream import Data
 from dataecho.loader import EchoingDataLoader
 
 
-def at_limit(cfg: TrainConfig, run: RunCounters, fresh: int) -> bool:
-    return fresh >= cfg.budget or (cfg.max_steps is not None and run.steps >= cfg.max_steps)
+def at_limit(cfg: TrainConfig, run: RunCounters, world: int = 1) -> bool:
+    """The budget of fresh examples spent, or ``max_steps`` taken (mean steps per rank)."""
+    steps = run.global_steps // world
+    return run.fresh >= cfg.budget or (cfg.max_steps is not None and steps >= cfg.max_steps)
+
+
+def count_exchange(cfg: TrainConfig, run: RunCounters, summed: list[float]) -> None:
+    """Add an exchange's control numbers (fresh examples and steps of every rank since the
+    last one, target votes: :mod:`dataecho.app.distributed.sync`) to the run's counts."""
+    run.fresh += round(summed[0])
+    run.global_steps += round(summed[1])
+    if summed[2] > 0 and cfg.stop_at_target:  # a target rank 0 reached at the exchange before
+        run.done = True
+
+
+def checkpoint_due(cfg: TrainConfig, run: RunCounters, world: int = 1) -> bool:
+    """Whether this exchange writes a checkpoint (the end, or ``checkpoint_every`` steps per
+    rank since the last periodic one); moves the next periodic one on."""
+    steps = run.global_steps // world
+    if not (run.done or steps >= run.next_checkpoint):
+        return False
+    run.next_checkpoint = (steps // cfg.checkpoint_every + 1) * cfg.checkpoint_every
+    return True
 
 
 def run_evaluations(
     cfg: TrainConfig, run: RunCounters, model: torch.nn.Module, loader: EchoingDataLoader, data: Data,
     history: list, start: float, say: Callable[[str], None],
-    evaluator: BackgroundEvaluator | None,
+    evaluator: BackgroundEvaluator | None, *, rank: int | None = None, world: int = 1,
+    extra: Callable[[], dict[str, float]] | None = None,
 ) -> None:  # fmt: skip
-    """After a step: evaluate when the schedule says so (in line, or handed to ``evaluator``),
-    log what finished and decide whether the run is done."""
-    fresh = loader.stats.fresh_examples
-    limit = at_limit(cfg, run, fresh)
-    due = fresh >= run.next_eval or limit
+    """After an exchange: evaluate when the schedule says so (in line, or handed to
+    ``evaluator``), log what finished and decide whether the run is done.
+
+    Data parallel (``rank`` set: this process's among ``world``): only rank 0 evaluates, in
+    line; its rows get ``extra()``'s keys, and a target it reaches is voted at the next
+    exchange (:func:`count_exchange`) so that every rank stops at the same one.
+    """
+    limit = at_limit(cfg, run, world)
+    due = run.fresh >= run.next_eval or limit
     if due:
-        run.next_eval = (fresh // cfg.eval_every + 1) * cfg.eval_every
+        run.next_eval = (run.fresh // cfg.eval_every + 1) * cfg.eval_every
     t0 = time.perf_counter()
     if evaluator is None:
-        if due:
-            result = periodic_evaluation(cfg, model, data.eval_set)
+        if due and rank in (None, 0):
+            result = periodic_evaluation(cfg, on_cpu(model), data.eval_set)
             run.eval_seconds += time.perf_counter() - t0
-            row = history_row(cfg, run, loader, *result, time.perf_counter() - start)
-            record_evaluation(cfg, run, history, say, row, result, row["seconds"])
+            row = history_row(cfg, run, loader, *result, time.perf_counter() - start,
+                              extra() if extra else None)  # fmt: skip
+            record_evaluation(cfg, run, history, say, row, result, row["seconds"],
+                              vote=rank is not None)  # fmt: skip
     else:
         # Results first (one snapshot at a time: a due evaluation waits for the last), so
         # that a run done at its target keeps that target's snapshot in the evaluator.
@@ -62,9 +95,10 @@ def run_evaluations(
 
 def record_evaluation(
     cfg: TrainConfig, run: RunCounters, history: list, say: Callable[[str], None],
-    row: dict[str, float], result: tuple[float, int], known: float,
+    row: dict[str, float], result: tuple[float, int], known: float, *, vote: bool = False,
 ) -> None:  # fmt: skip
-    """Record one finished evaluation; ``known``: when the run learned its result."""
+    """Record one finished evaluation; ``known``: when the run learned its result. ``vote``:
+    a target reached stops the run at the next exchange, not here (data parallel)."""
     metric, screened = result
     row.update({metric_key(cfg): metric, "screened": screened})
     history.append(row)
@@ -72,7 +106,8 @@ def record_evaluation(
     reached = cfg.target is not None and not screened and better(cfg, metric, cfg.target)
     if reached and run.to_target is None:
         run.to_target = [row["fresh"], row["steps"], known]
-    run.done = run.done or (reached and cfg.stop_at_target)
+        run.stop_vote = vote
+    run.done = run.done or (reached and cfg.stop_at_target and not vote)
 
 
 def periodic_evaluation(cfg: TrainConfig, model: torch.nn.Module, split: tuple) -> tuple:
