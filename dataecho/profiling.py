@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from dataecho import _validate
+from dataecho.stages.stats import item_counts
 
 INPUT_BOUND_RATIO = 1.1
 """R above this: the upstream is measurably slower than the step (10% absorbs timing noise)."""
@@ -88,7 +89,7 @@ class ProfileReport:
     steps_down: int
     steps_overlapped: int
     source_echo_factor: float | None = None
-    """examples_out / fresh_examples of the source's ``.stats`` over the profile (None: no stats)."""
+    """items_out / fresh_items of the source's ``.stats`` over the profile (None: no stats)."""
 
     @property
     def ratio(self) -> float:
@@ -97,7 +98,7 @@ class ProfileReport:
 
     @property
     def overlapped(self) -> bool:
-        """Whether the running pipeline overlapped loading with the step (closer to max than sum)."""
+        """Whether the running pipeline overlapped loading and step (closer to max than sum)."""
         return self.overlap_fraction >= 0.5
 
     def predicted_speedup(self, e: float, *, overlap: bool = True) -> float:
@@ -264,13 +265,8 @@ def _sync() -> None:
 
 
 def _stats_counts(source: object) -> tuple[float, float] | None:
-    """(fresh_examples, examples_out) of ``source.stats`` if it has such counters."""
-    stats = getattr(source, "stats", None)
-    fresh = getattr(stats, "fresh_examples", None)
-    out = getattr(stats, "examples_out", None)
-    if isinstance(fresh, numbers.Real) and isinstance(out, numbers.Real):
-        return float(fresh), float(out)
-    return None
+    """(fresh items, items out) of ``source.stats`` if it has such counters."""
+    return item_counts(getattr(source, "stats", None))
 
 
 def _seconds(value: object, name: str, *, zero_ok: bool = False) -> float:

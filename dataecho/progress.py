@@ -23,7 +23,7 @@ from typing import IO, Any, TypeVar
 from tqdm import tqdm
 
 from dataecho import _validate
-from dataecho.stages.stats import batch_length
+from dataecho.stages.stats import batch_length, item_counts
 
 T = TypeVar("T")
 
@@ -261,14 +261,14 @@ def _num(x: float) -> str:
 
 
 def _read_stats(source: object) -> tuple[float, float, float | None] | None:
-    """(fresh_examples, examples_out, wait_seconds or None) of ``source.stats``, if present."""
+    """(fresh items, items out, wait_seconds or None) of ``source.stats``, if present."""
     stats = getattr(source, "stats", None)
-    counts = [getattr(stats, name, None) for name in ("fresh_examples", "examples_out")]
-    if not all(isinstance(c, numbers.Real) for c in counts):
+    counts = item_counts(stats)
+    if counts is None:
         return None
     wait = getattr(stats, "wait_seconds", None)
     wait = float(wait) if isinstance(wait, numbers.Real) and math.isfinite(wait) else None
-    return float(counts[0]), float(counts[1]), wait
+    return counts[0], counts[1], wait
 
 
 _batch_len = batch_length  # the loader counts examples the same way

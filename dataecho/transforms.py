@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataecho.errors import DataechoError
+
 Transform = Callable[[Any], Any]
 
 _FIX = "dataecho.transforms.on_input"
@@ -110,7 +112,7 @@ def on_input(transform: Transform, key: Hashable | None = None) -> OnInput:
     return OnInput(transform, key)
 
 
-class SampleTransformError(TypeError):
+class SampleTransformError(DataechoError, TypeError):
     """A transform failed on a whole ``(input, target)`` sample; the message says how to apply
     it to the input only. Chained ``from`` the transform's own exception."""
 

@@ -152,3 +152,18 @@ def test_invalid_arguments_name_the_value_and_the_fix() -> None:
         EchoedGD([torch.zeros(3)], 0.1, k=1)
     with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\).*1\.5"):
         EchoedNesterov([w], 0.1, k=1, momentum=1.5)
+
+
+def test_the_old_optimizer_name_echo_warns_and_names_echoed_optimizer() -> None:
+    import dataecho
+    import dataecho.optim
+    from dataecho.stages import Echo as EchoStage
+
+    with pytest.warns(DeprecationWarning, match=r"dataecho\.optim\.EchoedOptimizer"):
+        old = dataecho.optim.Echo
+    assert old is dataecho.optim.EchoedOptimizer and old is not EchoStage
+    assert issubclass(EchoedGD, old)
+    # The package's own Echo is the stream stage, with no warning.
+    assert dataecho.Echo is EchoStage
+    with pytest.raises(AttributeError, match="no attribute 'Echoed'"):
+        _ = dataecho.optim.Echoed

@@ -1,4 +1,4 @@
-"""The janeaustenr reader, the char vocabulary, chunking and the dataset: real and hand-made data."""
+"""The janeaustenr reader, the char vocabulary, chunking and the dataset, on real and made data."""
 
 from __future__ import annotations
 

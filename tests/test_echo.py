@@ -1,4 +1,4 @@
-"""The echo stage (dataecho.stages.echo), the Stage base it shares, and argument validation."""
+"""The echo stage (dataecho.stages.fixed_echo), the Stage base it shares, argument validation."""
 
 from __future__ import annotations
 
@@ -288,11 +288,11 @@ def test_plain_for_loops_run_epoch_after_epoch(stages, kind: str, source_kind: s
     want = reference_epochs(stages, kind, source_kind, 3)
     per_epoch = STAGES[kind][1]
     for epoch in range(3):
-        fresh0, out0 = node.stats.fresh_examples, node.stats.examples_out
+        fresh0, out0 = node.stats.fresh_items, node.stats.items_out
         got = [item for item in node]
         assert_same_stream(got, want[epoch], f"epoch {epoch}")  # as reset(None) starts it
-        assert node.stats.fresh_examples - fresh0 == 6  # the source was read anew, once
-        assert node.stats.examples_out - out0 == len(got)
+        assert node.stats.fresh_items - fresh0 == 6  # the source was read anew, once
+        assert node.stats.items_out - out0 == len(got)
         if per_epoch is not None:
             assert len(got) == per_epoch
         assert node.state_dict()["epoch"] == epoch
@@ -340,9 +340,9 @@ def test_resume_mid_epoch_then_for_continues_exactly(stages, kind, source_kind) 
     resumed.reset(state)
     rest = [item for item in resumed]
     assert_same_stream(head + rest, want[0], "epoch 0")
-    assert resumed.stats.fresh_examples == 6
+    assert resumed.stats.fresh_items == 6
     assert_same_stream([item for item in resumed], want[1], "epoch 1")
-    assert resumed.stats.fresh_examples == 12
+    assert resumed.stats.fresh_items == 12
 
 
 @pytest.mark.timeout(60)
@@ -361,7 +361,7 @@ def test_resume_after_the_end_then_for_starts_the_next_epoch(stages, kind, sourc
     with pytest.raises(StopIteration):
         next(resumed)  # the epoch it resumed in is over; only iter() starts the next
     assert_same_stream([item for item in resumed], want[1], "epoch 1")
-    assert resumed.stats.fresh_examples == 12
+    assert resumed.stats.fresh_items == 12
     assert resumed.state_dict()["epoch"] == 1
     if source_kind == "dataloader":
         # The finished epoch is not read again to fast-forward the loader: one epoch's reads.
@@ -414,7 +414,7 @@ def test_resume_after_the_end_over_a_loader_continues_its_epochs_exactly() -> No
     assert_same_stream([item for item in resumed], want[2], "epoch 2")
     assert data.reads == 24
     assert resumed.source.source.iterable.epoch == 2
-    assert resumed.stats.fresh_examples == 36 and resumed.stats.unit == "batches"
+    assert resumed.stats.fresh_items == 36 and resumed.stats.unit == "batches"
 
 
 def test_resume_after_the_end_over_a_stateful_dataset_restores_it_first() -> None:
@@ -503,3 +503,28 @@ def test_validate_helpers_not_yet_used_by_a_stage() -> None:
     with pytest.raises(ValueError, match=r"k must be >= 0, got -1; use 0 to disable"):
         _validate.non_negative_int(-1, name="k")
     assert _validate.seed(None) is None and _validate.seed(0) == 0
+
+
+def test_echo_and_shuffle_name_the_functions_and_the_old_module_paths_warn() -> None:
+    import importlib
+    import re
+    import subprocess
+    import sys
+
+    import dataecho.stages
+    from dataecho.stages import fixed_echo, shuffle_buffer
+
+    # `import dataecho.stages.echo as m` once gave the function, `from ... import` the module.
+    assert dataecho.stages.echo is fixed_echo.echo and callable(dataecho.stages.echo)
+    assert dataecho.stages.shuffle is shuffle_buffer.shuffle
+    for old, new, name in [("echo", fixed_echo, "Echo"), ("shuffle", shuffle_buffer, "Shuffle")]:
+        module = importlib.import_module(f"dataecho.stages.{old}")
+        with pytest.warns(DeprecationWarning, match=f"is now {re.escape(new.__name__)}"):
+            assert getattr(module, name) is getattr(new, name)
+    # In a fresh process, as a user's first import would be.
+    code = ("from dataecho.stages.echo import Echo; from dataecho.stages import Echo as E; "
+            "print(Echo is E)")  # fmt: skip
+    run = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-c", code],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert run.stdout.strip() == "True"
+    assert "dataecho.stages.echo is now dataecho.stages.fixed_echo" in run.stderr

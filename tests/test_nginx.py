@@ -94,6 +94,19 @@ def test_rate_cap_holds_within_10_percent(tmp_path):
 
 
 @needs_nginx
+@pytest.mark.timeout(30)
+def test_a_file_smaller_than_a_second_of_the_cap_is_paced_too(tmp_path):
+    size, cap = 100_000, 400_000  # a quarter of a second's worth
+    (tmp_path / "small.bin").write_bytes(os.urandom(size))
+    with NginxServer(tmp_path, rate_limit_bytes_per_s=cap) as server:
+        start = time.perf_counter()
+        got = len(_direct.open(server.url + "/small.bin").read())
+        seconds = time.perf_counter() - start
+    assert got == size
+    assert seconds >= 0.8 * size / cap, f"{size:,} bytes in {seconds:.3f} s at a cap of {cap:,}/s"
+
+
+@needs_nginx
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("echo_factor", [1, 2])
 def test_streams_shards_over_http_into_the_loader(shards, echo_factor):

@@ -50,8 +50,8 @@ def test_stage_ids_are_distinct_and_stable() -> None:
 
 def test_stages_with_one_seed_draw_independent_streams() -> None:
     # Echo and shuffle share the pipeline seed but not a random stream.
-    from dataecho.stages.echo import Echo
-    from dataecho.stages.shuffle import Shuffle
+    from dataecho.stages.fixed_echo import Echo
+    from dataecho.stages.shuffle_buffer import Shuffle
 
     assert Echo.STAGE_ID != Shuffle.STAGE_ID
     e, s = echo(range(5), 2.5, seed=3), shuffle(range(5), 4, seed=3)

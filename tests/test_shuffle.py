@@ -1,4 +1,4 @@
-"""The shuffle buffer (dataecho.stages.shuffle) alone and after an echo stage."""
+"""The shuffle buffer (dataecho.stages.shuffle_buffer) alone and after an echo stage."""
 
 from __future__ import annotations
 

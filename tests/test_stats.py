@@ -137,15 +137,31 @@ def test_stages_over_a_dataloader_count_batches(kind: str) -> None:
     out = list(node)
     s = node.stats
     assert s.unit == "batches"
-    assert s.fresh_examples == 6 * copies  # 24 examples in 6 batches: the counts are unchanged
-    assert s.examples_out == len(out)
+    assert s.fresh_items == 6 * copies  # 24 examples in 6 batches
+    assert s.items_out == len(out)
     assert s.as_dict()["unit"] == "batches"
-    assert repr(s).startswith(f"EchoStats(unit='batches', fresh_examples={6 * copies}, ")
+    assert s.as_dict()["fresh_batches"] == 6 * copies and "fresh_examples" not in s.as_dict()
+    assert repr(s).startswith(f"EchoStats(unit='batches', fresh_items={6 * copies}, ")
     over_examples = make(DataLoader(dataset(), batch_size=None))  # examples one by one
     n = len(list(over_examples))
     assert over_examples.stats.unit == "examples"
-    assert over_examples.stats.fresh_examples == 24 * copies
+    assert over_examples.stats.fresh_examples == over_examples.stats.fresh_items == 24 * copies
     assert over_examples.stats.examples_out == n
+
+
+def test_the_examples_names_on_a_stage_that_counts_batches_warn() -> None:
+    node = echo(DataLoader(dataset(), batch_size=4), 2, seed=0)
+    list(node)
+    s = node.stats
+    for name, neutral in [("fresh_examples", "fresh_items"), ("examples_out", "items_out"),
+                          ("echoed_examples", "echoed_items")]:  # fmt: skip
+        with pytest.warns(DeprecationWarning, match=rf"{name} .*counts batches.*stats\.{neutral}"):
+            assert getattr(s, name) == getattr(s, neutral)
+    with pytest.warns(DeprecationWarning, match="fresh_examples"):
+        s.fresh_examples = 1
+    assert s.fresh_items == 1
+    with pytest.warns(DeprecationWarning, match="examples_out"):
+        assert EchoStats(examples_out=3, unit="batches").items_out == 3
 
 
 def test_unit_is_not_in_the_state_and_survives_a_resume() -> None:
@@ -168,8 +184,15 @@ def test_old_state_without_a_unit_loads() -> None:
            "stall_seconds": 0.0}  # fmt: skip
     t = EchoStats(unit="batches")
     t.load_state_dict(old)
-    assert t == EchoStats(fresh_examples=3, examples_out=6, wait_seconds=0.5, unit="batches")
+    assert t == EchoStats(fresh_items=3, items_out=6, wait_seconds=0.5, unit="batches")
     assert EchoStats(3, 6) == EchoStats(fresh_examples=3, examples_out=6)  # positional as before
+    # Saved now, a batch-counting stage names its counters in batches; the loader in examples.
+    assert set(t.state_dict()) == {"fresh_batches", "batches_out", "batches", "wait_seconds",
+                                   "stall_seconds"}  # fmt: skip
+    assert EchoStats(3, 6).state_dict()["fresh_examples"] == 3
+    u = EchoStats(unit="batches")
+    u.load_state_dict(t.state_dict())
+    assert u == t
 
 
 def test_bad_unit_names_the_choices() -> None:

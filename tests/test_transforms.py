@@ -11,10 +11,13 @@ import torch
 from torch.utils.data import Dataset
 
 from dataecho import EchoingDataLoader
+from dataecho.errors import DataechoError
 from dataecho.transforms import (
     GuardedTransform,
     OnInput,
+    SampleTransformAttributeError,
     SampleTransformError,
+    SampleTransformValueError,
     guard_transform,
     on_input,
 )
@@ -159,6 +162,24 @@ def test_guard_keeps_the_kind_of_a_value_or_attribute_error() -> None:
     assert "on_input(needs_shape)" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("transform", "kind", "builtin"),
+    [(input_only, SampleTransformError, TypeError),
+     (wrong_size, SampleTransformValueError, ValueError),
+     (needs_shape, SampleTransformAttributeError, AttributeError)],
+)  # fmt: skip
+def test_sample_transform_errors_are_dataecho_errors_that_pickle(
+    transform: object, kind: type[SampleTransformError], builtin: type[Exception]
+) -> None:
+    """A worker process sends its exception pickled: the class, its bases and message survive."""
+    with pytest.raises(DataechoError) as info:
+        guard_transform(transform)([torch.zeros(2), 0])
+    assert type(info.value) is kind
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is kind and isinstance(back, builtin) and isinstance(back, TypeError)
+    assert str(back) == str(info.value) and "on_input(" in str(back)
+
+
 def test_guard_passes_other_errors_and_results_unchanged() -> None:
     x = torch.ones(2)
     assert torch.equal(guard_transform(input_only)(x), x * 2)
@@ -209,7 +230,7 @@ def test_loader_explains_an_unwrapped_input_transform_at_next(num_workers: int) 
     with pytest.raises(TypeError) as info:
         next(it)
     err = info.value
-    assert isinstance(err, SampleTransformError)
+    assert isinstance(err, SampleTransformError) and isinstance(err, DataechoError)
     msg = str(err)
     assert "Unexpected type <class 'tuple'>" in msg
     assert "(Tensor[1, 4] float32, int)" in msg

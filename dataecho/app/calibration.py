@@ -12,10 +12,10 @@ R = t_up / t_down. The cap is found in three steps, each measuring the real part
    the cap is scaled once if that R is more than 10% off;
 3. a short no-echo probe through the real training loop, R measured there as the report
    measures it (time per step over the step's compute, evaluations and warm-up excluded):
-   the profiler's fixed batch and tight loop time the step ~10-20% faster than the loop does
-   (measured: 22 ms against 26 ms), which left the runs at R = 3.45 when aiming at 4. The
-   probe evaluates on the runs' schedule (a step after a large evaluation is slower too). The
-   cap is scaled once more if the probe is more than 5% off, and the probe repeated.
+   the profiler's fixed batch and tight loop time the step faster than the loop does, so a
+   cap from the profiler alone leaves the runs below the R aimed at. The probe evaluates on
+   the runs' schedule (a step after a large evaluation is slower too). The cap is scaled once
+   more if the probe is more than 5% off, and the probe repeated.
 """
 
 from __future__ import annotations
@@ -143,8 +143,8 @@ def probe(url: str, data_dir: Path, batch_size: int, seed: int, examples: int,
     """R of a short no-echo run: time per step over compute per step, after a warm-up quarter.
 
     Give it the runs' own evaluation schedule: a step right after a large evaluation runs
-    slower (measured: R lived 3.3-3.5 in the runs against 4.0-4.1 in a probe with tiny
-    evaluations), so the probe must see the same interruptions as the runs it calibrates.
+    slower, so a probe with tiny evaluations sees a higher R than the runs; the probe must see
+    the same interruptions as the runs it calibrates.
     """
     cfg = TrainConfig(upstream=url, data_dir=data_dir, batch_size=batch_size, budget=examples,
                       eval_every=eval_every or max(batch_size, examples // 4),

@@ -2,7 +2,7 @@
 
     results = [train(cfg) for cfg in configs]       # dataecho.app.train.TrainResult
     print(format_table(results))
-    folder = write_report(results, "runs/20250101-120000", meta=ReportMeta(command="..."))
+    folder = write_report(results, "runs/demo", meta=ReportMeta(command="..."))
 
 The first run with echo factor 1 is the baseline. Speedups are *to the target*: wall seconds
 (evaluations included) and fresh examples up to the first evaluation at or above the target

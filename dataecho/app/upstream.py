@@ -58,7 +58,7 @@ class Data:
         transform: per-example transform the loader applies (cnn augmentation when echoing
             after augmentation: the copies must be identical).
         batch_transform: per-batch transform (cnn augmentation otherwise: each example of a
-            batch drawn on its own in one call, ~30x cheaper than per example from Python).
+            batch drawn on its own in one call, much cheaper than a call per example).
         eval_set: ``(inputs, targets)`` for the periodic evaluations: ``eval_examples`` of them.
         final_set: the whole test (cnn) or validation (char-lm) split, for the last evaluation.
         identity: names the training data exactly; a checkpoint resumes only on the same.
@@ -141,7 +141,7 @@ def _in_memory(cfg: TrainConfig, novels: Any) -> tuple[Dataset, str, str]:
 
 
 def _digest(*tensors: torch.Tensor) -> str:
-    """A short content hash (~0.04 s for all of Fashion-MNIST): same data, same checkpoint."""
+    """A short content hash of the tensors' bytes: same data, same checkpoint."""
     h = hashlib.sha256()
     for t in tensors:
         h.update(memoryview(t.contiguous().numpy()).cast("B"))
@@ -250,7 +250,7 @@ def prepare(
 
 @functools.lru_cache(maxsize=2)
 def _novels(package_dir: Path) -> dict[str, list[str]]:
-    """The six novels (~4 MB of text), read once per process: reading takes ~2 s."""
+    """The six novels, read once per process (parsing the R database is slow)."""
     from dataecho.app.sources.austen import load_novels  # imports rdata: only for char-lm
 
     return load_novels(package_dir)

@@ -82,7 +82,7 @@ class EpochIterator:
                 begin, self._start = self._start, None
                 self.root, self._workers, self._reader, self._first = begin()
                 if self._reader is not None:
-                    self._settled = self._reader.stats.fresh_examples
+                    self._settled = self._reader.stats.fresh_items
             batch = self._first.pop() if self._first else next(self.root)
         except StopIteration:
             self.finished = True
@@ -96,7 +96,7 @@ class EpochIterator:
         finally:
             stats.wait_seconds += time.perf_counter() - start
         if self._reader is not None:
-            handed = self._reader.stats.fresh_examples
+            handed = self._reader.stats.fresh_items
             self._workers.settle(handed - self._settled)
             self._settled = handed
         stats.batches += 1

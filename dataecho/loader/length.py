@@ -3,9 +3,10 @@
 Each worker batches its own share of the epoch, so the count is summed per worker. At an
 integer factor it is exact by arithmetic. At a fractional factor the echo stage draws each
 item's extra copy from a seeded stream, so the count is exact too: the draws are replayed
-here from the same seeds (:class:`dataecho.stages.echo.Echo` draws one uniform number per fresh
-item from ``random.Random(derive_seed(stage_seed, STAGE_ECHO, 0))``). ``"auto"`` decides by
-timing, so its count is the most it can yield (every item ``floor(max_echo_factor)`` times).
+here from the same seeds (:class:`dataecho.stages.fixed_echo.Echo` draws one uniform number
+per fresh item from ``random.Random(derive_seed(stage_seed, STAGE_ECHO, 0))``). ``"auto"``
+decides by timing, so its count is the most it can yield (every item ``floor(max_echo_factor)``
+times).
 """
 
 from __future__ import annotations

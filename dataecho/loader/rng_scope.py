@@ -3,14 +3,15 @@
 Augmentations draw from the global RNGs of torch, ``random`` and numpy. Before each batch the
 pipeline seeds those generators from (pipeline seed, epoch, worker, batch number), so a seeded
 loader yields the same stream every time and a resumed one continues it exactly, while the
-checkpoint holds only a batch counter (a full RNG state would cost ~10 KB and ~0.5 ms per batch
-to snapshot).
+checkpoint holds only a batch counter rather than full RNG states, which would be copied into
+every snapshot.
 
 In a worker process the globals belong to the pipeline, so they are simply reseeded. In the
 main process (``num_workers=0``) the caller's torch and ``random`` states are saved and restored
 around each batch so training randomness (dropout, init) is untouched; numpy's legacy global
-state is left alone there because reading and writing it costs ~0.2 ms per batch, so a
-transform drawing from ``np.random`` is reproducible only with workers. Prefer torch's RNG in
+state is left alone there, because reading and writing it around every batch would cost more
+than the reseeding itself, so a transform drawing from ``np.random`` is reproducible only with
+workers. Prefer torch's RNG in
 transforms (as torchvision does).
 """
 
@@ -49,7 +50,7 @@ class RngScope:
         else:
             self._saved = (torch.get_rng_state(), random.getstate())
         # default_generator.manual_seed: torch.manual_seed also walks every device backend,
-        # which costs ~0.7 ms a call on a CPU build.
+        # a cost paid on every batch for generators the transform does not use.
         torch.default_generator.manual_seed(s)
         random.seed(s)
         return self

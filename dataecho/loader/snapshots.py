@@ -2,21 +2,20 @@
 
 ``StatefulDataLoader`` gets each worker's pipeline state (position, RNG counters, the packed
 shuffle buffer) *with* a batch, so that ``state_dict()`` in the training process never waits
-for a worker. Two costs come with it, both measured in docs/benchmarks.md (peers section):
+for a worker. Two costs come with it (the ``peers`` benchmark measures both):
 
 - **How many.** For an iterable dataset (our pipeline is one) the loader does not ask for one
   state per ``snapshot_every_n_steps`` batches: it asks for the state with every batch put in
   flight near a snapshot step, about ``workers x (prefetch_factor + 1) + 1`` of them per
-  interval. With a 1,024-example buffer, batches of 128 and e = 4 (prefetch 8), an interval
-  of 8 batches had every batch carry a packed buffer: worker CPU per batch 19.6 ms against
-  5.2 ms at the stretched interval and 4.3 ms with no snapshots (batch augmentation; the
-  training thread 3.3 -> 1.1 ms). :func:`snapshot_interval` stretches the interval by that
-  window, so a buffer is packed about once per buffer's worth of batches, as intended; the
-  price is a longer replay on resume.
+  interval. With a short interval and deep prefetch, every batch can carry a packed buffer,
+  which costs the worker (and the training thread that unpacks it) more than the batch.
+  :func:`snapshot_interval` stretches the interval by that window, so a buffer is packed
+  about once per buffer's worth of batches, as intended; the price is a longer replay on
+  resume.
 - **What the worker keeps.** The worker diffs each snapshot against the previous one, so it
   holds the last one until the next: a second copy of the packed buffer, next to the buffer
-  itself. :func:`send_once` wraps large tensors so the worker drops them once pickled
-  (worker peak 1.7 -> 1.1 GiB with a 32,768-example buffer and a snapshot every 64 batches).
+  itself. :func:`send_once` wraps large tensors so the worker drops them once pickled, which
+  lowers the worker's peak memory by about one buffer.
 
 A resume continues exactly either way: the worker restores the snapshot before the checkpoint
 and replays (re-reads) the batches since, at most one interval.

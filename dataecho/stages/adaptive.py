@@ -160,7 +160,7 @@ class AdaptiveEcho(Stage[T]):
                     allowed = [entry for entry in allowed if entry[1] == fewest]
                 chosen = allowed[-1] if self.policy == "latest" else self._rng.choice(allowed)
                 chosen[1] += 1
-                self.stats.examples_out += 1
+                self.stats.items_out += 1
                 return copy_item(chosen[0]) if self.copy else chosen[0]
             item, payload = self._wait()
         if item is _END or item is _ERROR:
@@ -173,8 +173,8 @@ class AdaptiveEcho(Stage[T]):
                 payload.add_note(f"(raised by adaptive_echo's source in thread {name!r})")
             raise payload  # the original object: its traceback still shows the source's frames
         self._source_state = payload
-        self.stats.fresh_examples += 1
-        self.stats.examples_out += 1
+        self.stats.fresh_items += 1
+        self.stats.items_out += 1
         if self._limit < 2:
             return item
         self._buffer.append([item, 1])

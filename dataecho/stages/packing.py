@@ -1,9 +1,9 @@
 """Pack a buffer of items into a few stacked tensors for checkpoints.
 
-Why: a shuffle buffer of 1,280 image tensors saved as 1,280 separate tensors costs ~0.2 s per
-snapshot through a worker's queue (every tensor travels as its own shared-memory segment), and
-``StatefulDataLoader`` snapshots its workers after every batch. Stacked column by column, the
-same buffer is one memcpy and a handful of segments.
+Why: a shuffle buffer saved as one tensor per item sends every tensor through a worker's queue
+as its own shared-memory segment, and ``StatefulDataLoader`` may snapshot its workers after
+every batch. Stacked column by column, the same buffer is one copy and a handful of segments
+(what snapshots cost: see the ``peers`` benchmark).
 
 Items that share one structure (tuples, lists and dicts of tensors, numpy arrays and plain
 Python values) are packed; anything else is kept as a list of copies. Either form holds only

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,60 +16,124 @@ from torchdata.nodes import BaseNode
 UNITS = ("examples", "batches")
 
 
-@dataclass
+@dataclass(init=False)
 class EchoStats:
     """Counts of one stage (or one loader) since it was built; kept across epochs and resumes.
 
-    The item counters count ``unit``: "examples", or "batches" on a stage whose items are whole
-    batches (its source is a batching loader, see :func:`item_unit`; for batch echoing). The
-    loader always counts examples. The counter names keep "examples" whatever the unit.
+    The item counters (``fresh_items``, ``items_out``, ``echoed_items``) count ``unit``:
+    "examples", or "batches" on a stage whose items are whole batches (its source is a
+    batching loader, see :func:`item_unit`; for batch echoing). The loader always counts
+    examples. ``fresh_examples``, ``examples_out`` and ``echoed_examples`` are the same
+    counters under the name of their unit: exact where ``unit`` is "examples"; read on a stage
+    that counts batches they warn (a DeprecationWarning: they used to count batches there).
     """
 
-    fresh_examples: int = 0
+    fresh_items: int
     """Items (of ``unit``) read from upstream, echoed copies not counted."""
-    examples_out: int = 0
+    items_out: int
     """Items (of ``unit``) emitted downstream, echoed copies included."""
-    batches: int = 0
+    batches: int
     """Batches emitted (loader only)."""
-    wait_seconds: float = 0.0
+    wait_seconds: float
     """Time the consumer spent blocked on upstream."""
-    stall_seconds: float = 0.0
+    stall_seconds: float
     """Time the consumer waited with nothing it was allowed to reuse (adaptive echoing)."""
-    unit: str = field(default="examples", kw_only=True)
+    unit: str
     """What the item counters count: "examples" or "batches". Not part of the state: it
     follows from the source, and a checkpoint holds numbers only."""
 
-    def __post_init__(self) -> None:
-        if self.unit not in UNITS:
+    def __init__(
+        self,
+        fresh_items: int = 0,
+        items_out: int = 0,
+        batches: int = 0,
+        wait_seconds: float = 0.0,
+        stall_seconds: float = 0.0,
+        *,
+        unit: str = "examples",
+        fresh_examples: int | None = None,
+        examples_out: int | None = None,
+    ) -> None:
+        if unit not in UNITS:
             raise ValueError(
-                f"unit must be one of {', '.join(map(repr, UNITS))}, got {self.unit!r}; "
+                f"unit must be one of {', '.join(map(repr, UNITS))}, got {unit!r}; "
                 f'use "batches" when each item is a whole batch'
             )
+        self.unit = unit
+        self.fresh_items, self.items_out, self.batches = fresh_items, items_out, batches
+        self.wait_seconds, self.stall_seconds = wait_seconds, stall_seconds
+        if fresh_examples is not None:
+            self.fresh_examples = fresh_examples  # the unit's name: warns for batches
+        if examples_out is not None:
+            self.examples_out = examples_out
 
     def __repr__(self) -> str:
         # The unit first: it says how to read the counters after it.
-        counters = ", ".join(f"{name}={getattr(self, name)!r}" for name in _counters())
+        counters = ", ".join(f"{name}={getattr(self, name)!r}" for name in _COUNTERS)
         return f"{type(self).__name__}(unit={self.unit!r}, {counters})"
 
     @property
     def realized_factor(self) -> float:
-        """examples_out / fresh_examples (0.0 before the first fresh item)."""
-        return self.examples_out / self.fresh_examples if self.fresh_examples else 0.0
+        """items_out / fresh_items (0.0 before the first fresh item)."""
+        return self.items_out / self.fresh_items if self.fresh_items else 0.0
+
+    @property
+    def echoed_items(self) -> int:
+        """Emitted items (of ``unit``) that were echoed copies rather than first deliveries."""
+        return max(self.items_out - self.fresh_items, 0)
+
+    @property
+    def fresh_examples(self) -> int:
+        """``fresh_items`` where they are examples (see the class docstring)."""
+        return self._examples("fresh_examples", "fresh_items")
+
+    @fresh_examples.setter
+    def fresh_examples(self, value: int) -> None:
+        self._examples("fresh_examples", "fresh_items")
+        self.fresh_items = value
+
+    @property
+    def examples_out(self) -> int:
+        """``items_out`` where they are examples (see the class docstring)."""
+        return self._examples("examples_out", "items_out")
+
+    @examples_out.setter
+    def examples_out(self, value: int) -> None:
+        self._examples("examples_out", "items_out")
+        self.items_out = value
 
     @property
     def echoed_examples(self) -> int:
-        """Emitted items (of ``unit``) that were echoed copies rather than first deliveries."""
-        return max(self.examples_out - self.fresh_examples, 0)
+        """``echoed_items`` where they are examples (see the class docstring)."""
+        return self._examples("echoed_examples", "echoed_items")
+
+    def _examples(self, name: str, neutral: str) -> Any:
+        if self.unit != "examples":
+            warnings.warn(
+                f"EchoStats.{name} on a stage that counts {self.unit} is a count of "
+                f"{self.unit}: read stats.{neutral} (in stats.unit); {name} will count only "
+                "examples in the next release",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        return getattr(self, neutral)
 
     def state_dict(self) -> dict[str, float]:
-        """The counters (numbers only; ``unit`` is not saved)."""
-        return {name: getattr(self, name) for name in _counters()}
+        """The counters (numbers only; ``unit`` is not saved), the item counters under the
+        unit's name (``fresh_examples``, ``examples_out`` or ``fresh_batches``, ``batches_out``)."""
+        return {_state_key(name, self.unit): getattr(self, name) for name in _COUNTERS}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Set the counters ``state`` has (older states may lack some); ``unit`` stays."""
-        for name in _counters():
-            if name in state:
-                setattr(self, name, type(getattr(self, name))(state[name]))
+        """Set the counters ``state`` has (older states may lack some); ``unit`` stays.
+
+        Each item counter is read under its unit's name, its neutral name or (states saved
+        before the counters were named by unit) its "examples" name.
+        """
+        for name in _COUNTERS:
+            for key in dict.fromkeys((_state_key(name, self.unit), name, _OLD_KEYS.get(name))):
+                if key in state:
+                    setattr(self, name, type(getattr(self, name))(state[key]))
+                    break
 
     def as_dict(self) -> dict[str, float | str]:
         """``unit``, all counters and the derived figures, for logs and reports."""
@@ -75,12 +141,28 @@ class EchoStats:
             "unit": self.unit,
             **self.state_dict(),
             "realized_factor": self.realized_factor,
-            "echoed_examples": self.echoed_examples,
+            _state_key("echoed_items", self.unit): self.echoed_items,
         }
 
 
-def _counters() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(EchoStats) if f.name != "unit")
+_COUNTERS = ("fresh_items", "items_out", "batches", "wait_seconds", "stall_seconds")
+# What each item counter was called in a saved state before they were named by unit.
+_OLD_KEYS = {"fresh_items": "fresh_examples", "items_out": "examples_out"}
+
+
+def _state_key(name: str, unit: str) -> str:
+    """``fresh_items`` -> ``fresh_examples`` / ``fresh_batches``; other names unchanged."""
+    return name.replace("items", unit) if "items" in name else name
+
+
+def item_counts(stats: object) -> tuple[float, float] | None:
+    """(fresh items, items out) of an :class:`EchoStats` or any object with either pair of
+    counters (``fresh_items``/``items_out``, else ``fresh_examples``/``examples_out``)."""
+    for names in (("fresh_items", "items_out"), ("fresh_examples", "examples_out")):
+        counts = [getattr(stats, name, None) for name in names]
+        if all(isinstance(c, numbers.Real) for c in counts):
+            return float(counts[0]), float(counts[1])
+    return None
 
 
 def item_unit(source: object) -> str:

@@ -101,7 +101,7 @@ class StochasticEcho(Stage[T]):
                 # Stop at the first step that needs fresh data and finds none.
                 self._exhausted = True
                 raise
-            self.stats.fresh_examples += 1
+            self.stats.fresh_items += 1
             if self._reuses:
                 if len(buf) < self.buffer_size:
                     buf.append(item)
@@ -116,7 +116,7 @@ class StochasticEcho(Stage[T]):
             if self.copy:
                 item = copy_item(item)
         self._step += 1
-        self.stats.examples_out += 1
+        self.stats.items_out += 1
         return item
 
     def _get_stage_state(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 
 from dataecho import _validate
 from dataecho.app.sources.fashion_mnist import DataNotFoundError
+from dataecho.errors import DataechoError
 
 INSTALLED_PACKAGE_DIR = Path("/usr/lib/R/site-library/janeaustenr")
 PACKAGE = "r-cran-janeaustenr"
@@ -52,7 +53,7 @@ _BLOB_CODECS = {b"Z": zlib.decompress, b"2": bz2.decompress, b"X": lzma.decompre
                 b"0": bytes}  # fmt: skip
 
 
-class RDataFormatError(ValueError):
+class RDataFormatError(DataechoError, ValueError):
     """The lazy-load database is not laid out as expected (corrupt, or a format change)."""
 
 
@@ -112,7 +113,7 @@ def read_lazyload_db(stem: str | Path, names: tuple[str, ...] | None = None) -> 
 
 
 def load_novels(package_dir: str | Path = DEFAULT_PACKAGE_DIR) -> dict[str, list[str]]:
-    """The six novels as ``{object name: list of lines}``, in :data:`NOVELS` order (~2 s)."""
+    """The six novels as ``{object name: list of lines}``, in :data:`NOVELS` order."""
     objects = read_lazyload_db(Path(package_dir) / "data" / "Rdata", NOVELS)
     novels = {}
     for name, lines in objects.items():
@@ -218,7 +219,7 @@ class AustenChars(Dataset):
         split: "train" (the first 95% of each novel) or "val" (the last 5%).
         seq_len: characters per example; targets are the inputs shifted by one.
         package_dir: the janeaustenr folder (see :func:`load_novels`).
-        novels: already loaded novels (skips the ~2 s load when building both splits).
+        novels: already loaded novels (skips a second load when building both splits).
         val_fraction: share of each novel's characters held out.
 
     The vocabulary (``vocab``) is built from all six novels, so both splits share ids and

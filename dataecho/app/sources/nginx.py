@@ -17,7 +17,7 @@ and the number of concurrent readers (``connections``): each gets an equal share
 nginx paces a capped response by sending a chunk and then waiting ``chunk / rate``; the first
 chunk goes out at once. With nginx's default chunk (up to one second's worth) a file smaller
 than the per-second cap would arrive unthrottled, so the config sets ``sendfile_max_chunk`` to
-1/50 s worth: even a 100 KB file takes its ``size / rate`` (measured within ~3% on loopback).
+1/50 s worth: even a file far smaller than the per-second cap takes its ``size / rate``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import urllib.request
 from pathlib import Path
 
 from dataecho import _validate
+from dataecho.errors import DataechoError
 
 INSTALL_HINT = "apt-get install nginx-light  (or: apt-get install nginx; as root or with sudo)"
 _FALLBACK_BINARY = "/usr/sbin/nginx"
@@ -46,7 +47,7 @@ _FALLBACK_BINARY = "/usr/sbin/nginx"
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class NginxNotFoundError(FileNotFoundError):
+class NginxNotFoundError(DataechoError, FileNotFoundError):
     """No nginx binary; the message says how to install one."""
 
 

@@ -23,6 +23,7 @@ from typing import BinaryIO
 from urllib.parse import urlsplit
 
 from dataecho.app.sources import emulated
+from dataecho.errors import DataechoError
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Loopback is never behind a proxy; elsewhere urllib honours http_proxy / no_proxy as usual.
@@ -31,7 +32,7 @@ _default = urllib.request.build_opener()
 _BUFFER = 1 << 16
 
 
-class UpstreamError(OSError):
+class UpstreamError(DataechoError, OSError):
     """The upstream cannot be reached or holds the wrong data; the message says what to do."""
 
 
@@ -39,11 +40,11 @@ class ShardReadError(UpstreamError):
     """A shard could not be read (after retrying, where that helps); names the URL and offset."""
 
 
-class BadRecordError(ValueError):
+class BadRecordError(DataechoError, ValueError):
     """A record that cannot be decoded, or a shard that ends early (truncated or damaged tar)."""
 
 
-class TruncatedTransfer(ConnectionError):
+class TruncatedTransfer(DataechoError, ConnectionError):
     """The connection ended before the body's ``Content-Length``: the server went away."""
 
 

@@ -6,7 +6,7 @@ waits ``delay`` seconds (or ``1 / rate``) before returning the example. The wait
 which is how a network or disk read looks to the host: time passes, but the CPU is free. It does
 not emulate CPU-bound decoding, bandwidth shared between readers, or latency jitter.
 
-The pace is kept on a clock, not per read: a sleep that overshoots (Linux adds ~50-100 us) is
+The pace is kept on a clock, not per read: a sleep that overshoots (as every sleep does) is
 paid back on the next read, so the long-run rate is the one asked for even at sub-millisecond
 delays. Each process has its own clock, so ``num_workers`` DataLoader workers read ``num_workers``
 times as fast, as that many independent storage clients would.

@@ -8,15 +8,14 @@ hidden state the loader cannot checkpoint.)
 How: every (flip, dy, dx) combination is one fixed index map over the pixels, with pixels
 from outside the image reading a padding slot. The maps are precomputed once per image shape,
 so an example costs one random draw and two numpy gathers (pick the pixels, then normalise
-them through a 256-entry table), both with ``ndarray.take`` on a view of the map: 13-35 us
-for 28x28 on one core (the general fancy-indexing path took 60-80 us, mostly in numpy's
-Python-level checks). It runs once per *emitted* example when echoing before
-augmentation, so with echo factor e it costs e times as much per fresh example.
+them through a 256-entry table), both with ``ndarray.take`` on a view of the map, which skips
+the Python-level checks of numpy's general fancy indexing. It runs once per *emitted* example
+when echoing before augmentation, so with echo factor e it costs e times as much per fresh
+example.
 
 A whole batch ``(B, C, H, W)`` is augmented in one call, each example with its own draw: one
-``randint`` for the batch and one gather, ~8 us per 28x28 example instead of a call from
-Python for each. That is what ``EchoingDataLoader``'s
-``batch_transform`` is for.
+``randint`` for the batch and one gather instead of a call from Python for each example. That
+is what ``EchoingDataLoader``'s ``batch_transform`` is for.
 """
 
 from __future__ import annotations

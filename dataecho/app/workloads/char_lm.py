@@ -1,13 +1,11 @@
 """A small character-level Transformer language model, and its evaluation.
 
-Sized for a 2-core CPU demo. The default :class:`CharLMConfig` (context 64, d_model 64, 2 layers,
-4 heads, feed-forward 2x) has 76 k parameters. One training step (forward, backward, AdamW) on
-one thread of the shared 2-core AMD EPYC (AVX2, MKL) this was written on took ~35 ms of CPU
-time (35-50 ms wall) at batch 32 x 64 characters and ~20 ms at batch 16;
-:func:`measure_step_seconds` measures it anywhere. Step cost is ~6 x parameters x characters
-flops at ~30-50 GFLOP/s, so d_model 128 with a 128-character context (0.4 M parameters, 4096
-characters a batch) took ~360 ms a step: available through the config, too slow as a default.
-It learns fast: from ln(82) = 4.4 to ~2.5 nats/char (unigram entropy: 3.08) in 300 steps of 16.
+Sized for a CPU demo. The default :class:`CharLMConfig` (context 64, d_model 64, 2 layers,
+4 heads, feed-forward 2x) has 76 k parameters; :func:`measure_step_seconds` times one training
+step (forward, backward, AdamW) on the machine at hand. A step costs about 6 x parameters x
+characters flops, so d_model 128 with a 128-character context (0.3 M parameters, twice the
+characters a batch) costs several times as much a step: available through the config, too slow
+as a default on a CPU.
 
 The block is the usual pre-LayerNorm decoder block written out with
 ``F.scaled_dot_product_attention(is_causal=True)`` rather than ``nn.TransformerEncoderLayer``:

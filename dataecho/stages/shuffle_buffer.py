@@ -40,13 +40,13 @@ class Shuffle(Stage[T]):
     def next(self) -> T:
         if self.buffer_size <= 1:
             item = self._pull()
-            self.stats.fresh_examples += 1
-            self.stats.examples_out += 1
+            self.stats.fresh_items += 1
+            self.stats.items_out += 1
             return item
         while not self._exhausted and len(self._buffer) < self.buffer_size:
             try:
                 self._buffer.append(self._pull())
-                self.stats.fresh_examples += 1
+                self.stats.fresh_items += 1
             except StopIteration:
                 self._exhausted = True
         if not self._buffer:
@@ -55,7 +55,7 @@ class Shuffle(Stage[T]):
         j = self._rng.randrange(len(self._buffer))
         buf = self._buffer
         buf[j], buf[-1] = buf[-1], buf[j]
-        self.stats.examples_out += 1
+        self.stats.items_out += 1
         return buf.pop()
 
     def _get_stage_state(self) -> dict[str, Any]:

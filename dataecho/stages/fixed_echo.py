@@ -52,11 +52,11 @@ class Echo(Stage[T]):
     def next(self) -> T:
         if self._remaining == 0:
             self._pending = self._pull()
-            self.stats.fresh_examples += 1
+            self.stats.fresh_items += 1
             extra = self._extra_prob > 0 and self._rng.random() < self._extra_prob
             self._copies = self._remaining = self._whole + int(extra)
         self._remaining -= 1
-        self.stats.examples_out += 1
+        self.stats.items_out += 1
         item = self._pending
         if self._copies > 1 and self.copy:
             # Every copy is a fresh object; the original stays pristine for the next ones.
