@@ -347,7 +347,7 @@ def test_echo_over_a_torchdata_batcher_echoes_whole_batches():
     node = dataecho.echo(Batcher(IterableWrapper(range(10)), 4, drop_last=False), 2, seed=0)
     assert node.stats.unit == "batches"
     assert list(node) == [[0, 1, 2, 3]] * 2 + [[4, 5, 6, 7]] * 2 + [[8, 9]] * 2
-    assert node.stats.fresh_examples == 3 and node.stats.examples_out == 6
+    assert node.stats.fresh_items == 3 and node.stats.items_out == 6
 
 
 # --- a stage over a torch DataLoader --------------------------------------------------------
@@ -369,6 +369,6 @@ def test_echo_over_a_dataloader_of_hf_rows_repeats_its_batches_epoch_after_epoch
         ids = ids_of(out[::2])
         assert sorted(ids) == list(range(N))
         orders.append(ids)
-        assert node.stats.fresh_examples == fresh * (epoch + 1)
-        assert node.stats.examples_out == 2 * fresh * (epoch + 1)
+        assert node.stats.fresh_items == fresh * (epoch + 1)
+        assert node.stats.items_out == 2 * fresh * (epoch + 1)
     assert orders[0] != orders[1]  # the DataLoader reshuffles each epoch

@@ -4,7 +4,7 @@ A small MLP (784-64-10, ReLU) on Fashion-MNIST without augmentation, plain SGD (
 as in the smooth non-convex analysis), so only the learning rate is tuned. The upstream yields
 fresh batches of ``batch_size`` examples drawn without replacement; the stochastic echo stage
 loads one with probability ``p_t`` and otherwise reuses one of the last ``M`` loaded batches.
-"Data loads" are fresh examples: the stage's ``stats.fresh_examples`` times the batch size.
+"Data loads" are fresh examples: the stage's ``stats.fresh_items`` (fresh batches) times the batch size.
 
 Why not :func:`experiments.common.trial_loop.run_trial`: that loop trains through the
 echoing loader, which has no stochastic (load-probability) echoing; here the stage is driven
@@ -114,7 +114,7 @@ def train_stochastic(
         loss.backward()
         opt.step()
         step += 1
-        loads = stage.stats.fresh_examples * batch_size
+        loads = stage.stats.fresh_items * batch_size
         if not math.isfinite(loss.item()):
             return Trial({"lr": lr}, None, {"metric": math.nan, "loads": loads, "steps": step})
         # Fixed-horizon runs evaluate once, at the end: evaluations cost more than steps.
@@ -127,7 +127,7 @@ def train_stochastic(
         if (steps is not None and step >= steps) or (steps is None and loads >= cap):
             break
     return Trial({"lr": lr}, to_target,
-                 {"metric": acc, "loads": stage.stats.fresh_examples * batch_size, "steps": step,
+                 {"metric": acc, "loads": stage.stats.fresh_items * batch_size, "steps": step,
                   "realized_factor": stage.stats.realized_factor})  # fmt: skip
 
 
