@@ -1,12 +1,27 @@
-"""Argument checks shared by every public entry point.
+"""Argument checks shared by every public entry point, the library's and the application's.
 
 Each error names the value seen, the valid range and the likely fix, as grain's options do.
+There are two forms of one set of rules:
+
+- functions (``positive_int(value, name=...)``, ``echo_factor``, ``one_of``, ``seed``) for a
+  plain argument of a library call;
+- value kinds (:class:`Int`, :class:`Real`, :class:`Choice`, :class:`EchoFactor`, :class:`Bool`,
+  :class:`Text`, :class:`PathValue`, :class:`OptionalCallable`) for a setting that may also come
+  as text, from a command-line flag or a config file. ``check(name, value)`` returns the value
+  normalised or raises; ``parse(text)`` reads the value from text; ``describe()`` gives the
+  valid values for ``--help``; ``argparse_type(name)`` is the same check as an argparse
+  ``type=``, so a flag, a TOML file and Python give the same message.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 def echo_factor(value: object, *, name: str = "factor", auto_ok: bool = False) -> float:
@@ -34,23 +49,13 @@ def echo_factor(value: object, *, name: str = "factor", auto_ok: bool = False) -
 def non_negative_int(value: object, *, name: str, hint: str = "") -> int:
     """Return ``value`` as an int >= 0, or raise a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"{name} must be an integer >= 0, got {value!r} of type {type(value).__name__}"
-            + (f"; {hint}" if hint else "")
-        )
-    if value < 0:
-        raise ValueError(
-            f"{name} must be >= 0, got {value!r}" + (f"; {hint}" if hint else "; use 0 to disable")
-        )
-    return int(value)
+        Int(0, hint=hint).check(name, value)  # raises the type error
+    return Int(0, hint=hint or "use 0 to disable").check(name, value)
 
 
 def positive_int(value: object, *, name: str, hint: str = "") -> int:
     """Return ``value`` as an int >= 1, or raise a clear error."""
-    n = non_negative_int(value, name=name, hint=hint)
-    if n < 1:
-        raise ValueError(f"{name} must be >= 1, got {value!r}" + (f"; {hint}" if hint else ""))
-    return n
+    return Int(1, hint=hint).check(name, non_negative_int(value, name=name, hint=hint))
 
 
 def one_of(value: object, choices: tuple[str, ...], *, name: str) -> str:
@@ -67,3 +72,236 @@ def seed(value: object) -> int | None:
     if value is None:
         return None
     return non_negative_int(value, name="seed", hint="pass a non-negative int or None")
+
+
+class Check:
+    """A kind of value: ``check(name, value)`` normalises or raises; ``parse`` reads text."""
+
+    none = ""  # the word that stands for None ("off": nothing, "default": derived); "": no None
+    metavar = "VALUE"
+
+    def describe(self) -> str:
+        """The valid values, for ``--help``."""
+        return ""
+
+    def check(self, name: str, value: Any) -> Any:
+        return value
+
+    def parse(self, text: str) -> Any:
+        if self.none and text.lower() in (self.none, "none"):
+            return None
+        return self.from_text(text)
+
+    def from_text(self, text: str) -> Any:
+        return text
+
+    def argparse_type(self, name: str) -> Callable[[str], Any]:
+        """This check as an argparse ``type=``: text in, the checked value out."""
+
+        def convert(text: str) -> Any:
+            try:
+                return self.check(name, self.parse(text))
+            except (TypeError, ValueError) as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+
+        convert.__name__ = name
+        return convert
+
+    def _or_none(self) -> str:
+        return f" or '{self.none}'" if self.none else ""
+
+
+def _fix(hint: str) -> str:
+    return f"; {hint}" if hint else ""
+
+
+@dataclass(frozen=True)
+class Int(Check):
+    """An integer >= ``low`` (and <= ``high`` when given). ``why``: the reason for ``high`` and
+    the fix, said when a value is above it; ``hint``: the fix, said with every error."""
+
+    low: int
+    none: str = ""
+    high: int | None = None
+    why: str = ""
+    hint: str = ""
+    metavar = "N"
+
+    def check(self, name: str, value: Any) -> int | None:
+        if value is None and self.none:
+            return None
+        off, fix = self._or_none(), _fix(self.hint)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(
+                f"{name} must be {self.describe()}{off}, got {value!r} of type "
+                f"{type(value).__name__}{fix}"
+            )
+        if value < self.low:
+            raise ValueError(f"{name} must be >= {self.low}{off}, got {value!r}{fix}")
+        if self.high is not None and value > self.high:
+            why = f" ({self.why})" if self.why else ""
+            raise ValueError(f"{name} must be {self.describe()}{off}, got {value!r}{why}{fix}")
+        return int(value)
+
+    def describe(self) -> str:
+        if self.high is None:
+            return f"an integer >= {self.low}"
+        return f"an integer in {self.low}..{self.high}"
+
+    def from_text(self, text: str) -> int:
+        try:
+            return int(text.replace("_", "").replace(",", ""))
+        except ValueError:
+            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class Real(Check):
+    """A finite number in the range the bounds give (``why``: the reason for a finite ``high``
+    and the fix, said when a value is above it; ``hint``: the fix, said with every error)."""
+
+    low: float
+    high: float = float("inf")
+    low_open: bool = False
+    high_open: bool = False
+    none: str = ""
+    why: str = ""
+    hint: str = ""
+    metavar = "X"
+
+    def describe(self) -> str:
+        if self.high == float("inf"):
+            return f"a finite number {'>' if self.low_open else '>='} {self.low:g}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"a number in {left}{self.low:g}, {self.high:g}{right}"
+
+    def check(self, name: str, value: Any) -> float | None:
+        if value is None and self.none:
+            return None
+        off, fix = self._or_none(), _fix(self.hint)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"{name} must be {self.describe()}{off}, got {value!r} of type "
+                f"{type(value).__name__}{fix}"
+            )
+        v = float(value)
+        inside = (v > self.low if self.low_open else v >= self.low) and (
+            v < self.high if self.high_open else v <= self.high
+        )
+        if not inside or v == float("inf"):
+            why = f" ({self.why})" if self.why and v > self.high else ""
+            raise ValueError(f"{name} must be {self.describe()}{off}, got {value!r}{why}{fix}")
+        return v
+
+    def from_text(self, text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class Choice(Check):
+    """One of ``choices`` (or None, spelt ``none``, when that is non-empty)."""
+
+    choices: tuple[str, ...]
+    none: str = ""
+
+    @property
+    def metavar(self) -> str:
+        return "{" + ",".join(self.choices) + "}"
+
+    def check(self, name: str, value: Any) -> str | None:
+        if value is None and self.none:
+            return None
+        return one_of(value, self.choices, name=name)
+
+
+@dataclass(frozen=True)
+class EchoFactor(Check):
+    """An echo factor >= 1 (:func:`echo_factor`), or ``"auto"``; at most ``high``, where
+    ``why`` says the reason and the fix."""
+
+    high: float = float("inf")
+    why: str = ""
+    metavar = "E"
+
+    def describe(self) -> str:
+        if self.high == float("inf"):
+            return "a number >= 1, or 'auto'"
+        return f"a number in [1, {self.high:g}], or 'auto'"
+
+    def check(self, name: str, value: Any) -> float | str:
+        if value == "auto":
+            return value
+        factor = echo_factor(value, name=name, auto_ok=True)
+        if factor > self.high:
+            why = f": {self.why}" if self.why else ""
+            raise ValueError(f"{name} must be at most {self.high:g}, got {value!r}{why}")
+        return factor
+
+    def from_text(self, text: str) -> float | str:
+        if text == "auto":
+            return text
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"must be a number >= 1 or 'auto', got {text!r}") from None
+
+
+class Bool(Check):
+    """True or False (from text: true/false, yes/no, on/off, 1/0)."""
+
+    _TEXT = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}  # fmt: skip
+
+    def check(self, name: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be true or false, got {value!r}")
+        return value
+
+    def from_text(self, text: str) -> bool:
+        if text.lower() not in self._TEXT:
+            raise ValueError(f"must be true or false, got {text!r}")
+        return self._TEXT[text.lower()]
+
+    def parse(self, text: str) -> bool:
+        return self.from_text(text)
+
+
+class PathValue(Check):
+    """A folder path, or None."""
+
+    none = "none"
+    metavar = "DIR"
+
+    def check(self, name: str, value: Any) -> Path | None:
+        if value is None or isinstance(value, Path):
+            return value
+        if isinstance(value, str) and value:
+            return Path(value)
+        raise TypeError(f"{name} must be a folder path, got {value!r}")
+
+
+class Text(Check):
+    metavar = "TEXT"
+
+    def check(self, name: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class OptionalCallable(Check):
+    """None, or a function of one ``what`` (an example, a batch) returning another."""
+
+    what: str
+
+    def check(self, name: str, value: Any) -> Any:
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"{name} must be a callable ({self.what} -> {self.what}) or None, got "
+                f"{type(value).__name__}"
+            )
+        return value

@@ -157,9 +157,8 @@ def test_train_help_documents_every_option_with_its_range():
          "read_delay=0.0006 makes a cnn run input-bound)"),
         (["--echo-factor", "18446744073709551616"],
          "--echo-factor: echo_factor must be at most 1024, got 1.8446744073709552e+19: each "
-         "fresh item is emitted that many times, and the loader queues about twice that many "
-         "batches per worker, so a larger factor only repeats the same data; use "
-         "echo_factor=2 to 16 (the papers' range) or echo_factor='auto'"),
+         "fresh item is emitted that many times, so a larger factor only repeats the same "
+         "data; use echo_factor=2 to 16 (the papers' range) or echo_factor='auto'"),
     ],
 )  # fmt: skip
 def test_values_past_their_limit_are_one_error_line_before_anything_runs(args, message, capsys):
@@ -392,3 +391,22 @@ def test_http_timeout_is_checked_and_documented(capsys):
     text = " ".join(sub.format_help().split())
     assert "--http-timeout X HTTP shard upstream: seconds without a byte" in text
     assert "[a number in (0, 86400], default 30]" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["prepare", "--out", "x", "--examples", "0"],
+         "argument --examples: examples must be >= 1, got 0"),
+        (["prepare", "--out", "x", "--seq-len", "lots"],
+         "argument --seq-len: must be an integer >= 1, got 'lots'"),
+        (["profile", "--seconds", "0"],
+         "argument --seconds: seconds must be a finite number > 0, got 0.0"),
+        (["profile", "--seconds", "inf"],
+         "argument --seconds: seconds must be a finite number > 0, got inf"),
+    ],
+)  # fmt: skip
+def test_plain_flags_are_checked_by_the_shared_rules(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2 and capsys.readouterr().err.endswith(f"{message}\n")

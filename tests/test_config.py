@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from dataecho.app.config import (
     CLI_TARGETS,
+    LOADER_KEYS,
     MAX_SEED,
     WORKLOAD_DEFAULTS,
     ConfigError,
@@ -23,6 +26,8 @@ from dataecho.app.config import (
 )
 from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
+from dataecho.errors import DataechoError
+from dataecho.loader import LoaderOptions
 
 
 @pytest.mark.parametrize("workload", ["cnn", "char-lm"])
@@ -240,3 +245,100 @@ def test_flags_as_text_give_the_same_config_as_python_values(batch, buffer, fact
     want = TrainConfig(batch_size=batch, shuffle_buffer=buffer, echo_factor=factor, lr=lr)
     assert config_from(None, text) == want
     assert dataclasses.replace(want) == want
+
+
+def test_the_loader_settings_are_one_nested_field_read_flat_as_well():
+    cfg = TrainConfig(echo_factor=4, shuffle_buffer=256, read_delay=0.001)
+    assert isinstance(cfg.loader, LoaderOptions)
+    assert cfg.loader == LoaderOptions(batch_size=128, echo_factor=4, shuffle_buffer=256)
+    assert cfg == TrainConfig(loader=LoaderOptions(batch_size=128, echo_factor=4,
+                                                   shuffle_buffer=256), read_delay=0.001)  # fmt: skip
+    for name in LOADER_KEYS:
+        assert getattr(cfg, name) == getattr(cfg.loader, name), name
+    # Flat keywords apply over a given loader; the batch size defaults per workload only when
+    # neither gives one.
+    over = TrainConfig(loader=LoaderOptions(batch_size=8, echo_factor=2), where="batch")
+    assert (over.batch_size, over.echo_factor, over.where) == (8, 2.0, "batch")
+    assert TrainConfig(workload="char-lm", echo_factor=2).loader.batch_size == 32
+
+
+def test_replace_derives_the_loaders_defaults_again():
+    cfg = TrainConfig(echo_factor="auto")
+    assert cfg.reuse_buffer == 128 and cfg.reuse_policy == "fewest"
+    batches = dataclasses.replace(cfg, where="batch")
+    assert batches.reuse_buffer == 1 and batches.reuse_policy == "latest"
+    assert dataclasses.replace(cfg, batch_size=64).reuse_buffer == 64
+    fixed = dataclasses.replace(cfg, echo_factor=2.0)
+    assert fixed.read_ahead == 128 and fixed.name == "auto"  # a given name stays as given
+    assert dataclasses.replace(cfg, reuse_buffer=7).reuse_buffer == 7
+
+
+def test_the_loader_options_help_and_checks_come_from_loader_options():
+    own = {f.name: f for f in dataclasses.fields(LoaderOptions)}
+    loader_options = {o.name: o for o in options() if o.name in LOADER_KEYS}
+    assert list(loader_options) == list(LOADER_KEYS)
+    for name, option in loader_options.items():
+        assert option.help.startswith(own[name].metadata["help"]), name
+    assert "(default: 128 for cnn, 32 for char-lm)" in loader_options["batch_size"].help
+    assert loader_options["shuffle_buffer"].check is own["shuffle_buffer"].metadata["check"]
+    # The library takes any echo factor; a run refuses one no run needs, given either way.
+    assert LoaderOptions(batch_size=8, echo_factor=2000).echo_factor == 2000.0
+    with pytest.raises(ValueError, match="echo_factor must be at most 1024, got 2000"):
+        TrainConfig(loader=LoaderOptions(batch_size=8, echo_factor=2000))
+    with pytest.raises(ValueError, match="loader.transform=.*takes transform from the workload"):
+        TrainConfig(loader=LoaderOptions(batch_size=8, transform=abs))
+    with pytest.raises(TypeError, match="loader must be a dataecho.loader.LoaderOptions"):
+        TrainConfig(loader={"echo_factor": 2})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'echo_factr'; did you mean"):
+        TrainConfig(echo_factr=2)
+
+
+def test_a_resume_compares_the_loaders_settings():
+    from dataecho.app.checkpoint import CheckpointError, check_same
+    from dataecho.app.training.checkpoints import RESUME_MUST_MATCH
+
+    saved = TrainConfig(echo_factor=2, where="after_augment", shuffle_buffer=64).to_dict()
+    assert set(LOADER_KEYS) <= set(saved)  # flat, where check_same looks for them
+    assert {"echo_factor", "where", "shuffle_buffer", "batch_size"} <= set(RESUME_MUST_MATCH)
+    check_same(saved, TrainConfig(**saved).to_dict(), RESUME_MUST_MATCH, "ck.pt")
+    for change in ({"echo_factor": 3}, {"where": "batch"}, {"shuffle_buffer": 0},
+                   {"batch_size": 64}, {"max_echo_factor": 8}):  # fmt: skip
+        (key,) = change
+        with pytest.raises(CheckpointError, match=f"{key}: checkpoint"):
+            check_same(saved, TrainConfig(**{**saved, **change}).to_dict(), RESUME_MUST_MATCH,
+                       "ck.pt")  # fmt: skip
+
+
+def test_a_toml_loader_table_is_read_as_flat_keys(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('workload = "cnn"\n[loader]\necho-factor = 3\nshuffle_buffer = 64\n')
+    cfg = config_from(path)
+    assert cfg.echo_factor == 3.0 and cfg.loader.shuffle_buffer == 64
+    path.write_text("echo_factor = 2\n[loader]\necho_factor = 3\n")
+    with pytest.raises(ConfigError, match="key 'echo_factor' is given twice"):
+        config_from(path)
+    path.write_text("[loader]\nlr = 3\n")
+    with pytest.raises(ConfigError, match="unknown key 'loader.lr': lr is a setting of the run"):
+        config_from(path)
+    path.write_text("[loader]\necho_factr = 3\n")
+    with pytest.raises(ConfigError, match="unknown key 'loader.echo_factr'; did you mean 'echo_"):
+        config_from(path)
+
+
+def test_a_bad_value_reads_the_same_from_python_a_flag_a_file_and_argparse(tmp_path):
+    with pytest.raises(ValueError) as python:
+        TrainConfig(shuffle_buffer=-1)
+    message = str(python.value)
+    assert message == "shuffle_buffer must be >= 0, got -1; use 0 for no post-echo shuffling"
+    with pytest.raises(ConfigError) as from_flag:
+        config_from(None, {"shuffle_buffer": "-1"})
+    assert str(from_flag.value) == f"--shuffle-buffer: {message}"
+    path = tmp_path / "run.toml"
+    path.write_text("shuffle-buffer = -1\n")
+    with pytest.raises(ConfigError) as from_file:
+        config_from(path)
+    assert str(from_file.value) == f"{path}: key 'shuffle-buffer': {message}"
+    option = next(o for o in options() if o.name == "shuffle_buffer")
+    with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(message)}$"):
+        option.check.argparse_type("shuffle_buffer")("-1")
+    assert issubclass(ConfigError, DataechoError) and issubclass(ConfigError, ValueError)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import multiprocessing
 import threading
 import time
@@ -13,7 +14,7 @@ import torch
 from conftest import run_test_save_load_state
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from dataecho import EchoingDataLoader
+from dataecho import EchoingDataLoader, LoaderOptions
 
 WHERES = ("before_augment", "after_augment", "batch")
 
@@ -573,3 +574,38 @@ def test_example_echoing_keeps_as_much_fresh_data_in_flight_as_no_echo():
     assert depth(echo_factor=2.5).prefetch_factor == 6
     assert depth(echo_factor=4, where="batch").prefetch_factor == 2  # only fresh batches cross
     assert depth(echo_factor=4, prefetch_factor=3).prefetch_factor == 3  # the user's choice
+
+
+def test_options_given_whole_load_the_same_as_the_keywords():
+    def labels(**kw):
+        return labels_of(EchoingDataLoader(Numbers(30), seed=3, **kw))
+
+    keywords = dict(batch_size=4, shuffle=True, echo_factor=2.5, shuffle_buffer=8)
+    options = LoaderOptions(**keywords)
+    assert EchoingDataLoader(Numbers(30), options=options).options == options
+    assert labels(options=options) == labels(**keywords)
+    assert labels(options=options, batch_size=4, shuffle=True) == labels(**keywords)  # agreeing
+    with pytest.raises(TypeError, match=r"options= and echo_factor= both set echo settings"):
+        EchoingDataLoader(Numbers(30), options=options, echo_factor=2)
+    with pytest.raises(ValueError, match=r"batch_size=8 disagrees with options.batch_size=4"):
+        EchoingDataLoader(Numbers(30), 8, options=options)
+    with pytest.raises(TypeError, match="options must be a LoaderOptions or None, got dict"):
+        EchoingDataLoader(Numbers(30), options=keywords)
+
+
+def test_loader_options_derive_their_defaults_and_say_them_once():
+    examples = LoaderOptions(batch_size=16, echo_factor="auto")
+    assert (examples.reuse_buffer, examples.reuse_policy, examples.read_ahead) == (16, "fewest", 0)
+    batches = examples.with_changes(where="batch")
+    assert (batches.reuse_buffer, batches.reuse_policy) == (1, "latest")
+    assert examples.with_changes(echo_factor=2).read_ahead == 16
+    assert examples.with_changes(batch_size=4, reuse_buffer=9).reuse_buffer == 9
+    assert examples.as_given()["reuse_buffer"] is None
+    doc = LoaderOptions.__doc__
+    for f in dataclasses.fields(LoaderOptions):
+        if f.init:
+            assert f"{f.name}: {f.metadata['help']}." in doc, f.name
+    with pytest.raises(TypeError, match=r"batch_size must be an integer >= 1, got 2.0 of type"):
+        LoaderOptions(batch_size=2.0)
+    with pytest.raises(ValueError, match=r"max_echo_factor must be a finite number >= 1, got 0.5"):
+        LoaderOptions(batch_size=2, max_echo_factor=0.5)

@@ -5,14 +5,14 @@
     dataecho train --upstream shards/ --echo-factor 4     # one run; every option: --help
     dataecho train --config run.toml --resume             # a TOML file holds the same keys
 
-Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(args) -> int``
-(the call into the library), then list them in ``COMMANDS``. Errors the user can fix (missing
-data or nginx, an unreachable server, a bad option or config value, a checkpoint of another
-run, a checkpoint folder that cannot be written) print one ``dataecho NAME: error: ...`` line
-and exit with status 2; anything else is a bug and keeps its traceback. An error raised in a DataLoader worker is reported by its own
-message (torch wraps it in "Caught X in DataLoader worker process N" and the worker's
-traceback, which is printed below it). Ctrl-C exits with 130 and SIGTERM with 143, both after
-every ``finally`` on the way out has run (loader workers shut down, a server the command
+Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(args) -> int`` (the
+call into the library), then list them in ``COMMANDS``. Errors the user can fix (missing data or
+nginx, an unreachable server, a bad option or config value, a checkpoint of another run, a
+checkpoint folder that cannot be written) print one ``dataecho NAME: error: ...`` line and exit
+with status 2; anything else is a bug and keeps its traceback. An error raised in a DataLoader
+worker is reported by its own message (torch wraps it in "Caught X in DataLoader worker process N"
+and the worker's traceback, which is printed below it). Ctrl-C exits with 130 and SIGTERM with 143,
+both after every ``finally`` on the way out has run (loader workers shut down, a server the command
 started stopped; with ``--checkpoint-on-exit`` a final checkpoint written: dataecho.app.shutdown);
 also for ``--nproc N``, whose launcher stops the ranks first.
 """
@@ -25,13 +25,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataecho._validate import Bool, Choice, Int, Real
 from dataecho.app import demo
 from dataecho.app.checkpoint import CheckpointError
-from dataecho.app.config import CLI_TARGETS, Bool, Choice, ConfigError, config_from, flag, options
+from dataecho.app.config import CLI_TARGETS, ConfigError, config_from, flag, options
 from dataecho.app.distributed import LaunchError, RankFailure
 from dataecho.app.shutdown import Terminated
 from dataecho.app.sources.fashion_mnist import DataNotFoundError, IDXFormatError
@@ -70,9 +71,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
     targets = {key: f"{value:g}" for key, value in CLI_TARGETS.values()}
     for f in options():
-        check, text = f.metadata["check"], f.metadata["help"]
+        check, text = f.check, f.help
         rules = check.describe()
-        default = targets.get(f.name, f.default if f.default is not MISSING else None)
+        default = targets.get(f.name, f.default)
         if f.name == "progress":
             default = "on when stderr is a terminal"
         if isinstance(default, float):
@@ -80,7 +81,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         shown = "" if default in (None, "") else f"default {default}"
         detail = ", ".join(s for s in (rules, shown) if s)
         help_text = f"{text}{f' [{detail}]' if detail else ''}".replace("%", "%%")
-        group = groups[f.metadata["group"]]
+        group = groups[f.group]
         if isinstance(check, Bool):
             group.add_argument(flag(f.name), action=argparse.BooleanOptionalAction,
                                default=None, help=help_text)  # fmt: skip
@@ -127,7 +128,7 @@ def _run_train(args: argparse.Namespace) -> int:
 def _add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seconds",
-        type=_positive_float,
+        type=Real(0, low_open=True).argparse_type("seconds"),
         default=10.0,
         help="time to spend measuring, split between the three phases (default: %(default)s)",
     )
@@ -159,11 +160,12 @@ def _add_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                    help="Fashion-MNIST IDX folder or janeaustenr package folder (default: "
                    "where the Debian package puts it)")  # fmt: skip
-    p.add_argument("--examples", type=_positive_int, default=None, metavar="N",
-                   help="write only the first N examples (default: all)")  # fmt: skip
-    p.add_argument("--examples-per-shard", type=_positive_int, default=1000, metavar="N",
+    p.add_argument("--examples", type=Int(1).argparse_type("examples"), default=None,
+                   metavar="N", help="write only the first N examples (default: all)")  # fmt: skip
+    p.add_argument("--examples-per-shard", type=Int(1).argparse_type("examples_per_shard"),
+                   default=1000, metavar="N",
                    help="examples per tar shard (default: %(default)s)")  # fmt: skip
-    p.add_argument("--seq-len", type=_positive_int, default=64, metavar="N",
+    p.add_argument("--seq-len", type=Int(1).argparse_type("seq_len"), default=64, metavar="N",
                    help="austen: characters per example (default: %(default)s)")  # fmt: skip
 
 
@@ -286,33 +288,3 @@ def _on_sigterm(handler: Any) -> Any:
     if handler is None or threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, handler)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value

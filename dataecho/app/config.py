@@ -3,10 +3,14 @@
     cfg = TrainConfig(workload="cnn", upstream="http://127.0.0.1:8080", echo_factor=4)
     cfg = config_from("run.toml", {"echo_factor": "auto"})   # the file, then overrides
 
-Every field carries its check and help text (``metadata``), so the ``dataecho train`` flags, the
-TOML keys and the Python API are one list and give the same errors: the key, the value seen, the
-valid range. TOML keys are spelt as the flags (``echo-factor``) or as the fields
-(``echo_factor``). Fields left ``None`` that have a per-workload default are filled in from
+Every setting carries its check and help text, so the ``dataecho train`` flags, the TOML keys
+and the Python API are one list (:func:`options`) and give the same errors: the key, the value
+seen, the valid range. The loader's settings are one field, ``cfg.loader``, a
+:class:`~dataecho.loader.LoaderOptions` whose own fields define them (their checks and help);
+they are spelt flat everywhere else: ``TrainConfig(echo_factor=4)``, ``cfg.echo_factor``,
+``--echo-factor``, ``echo-factor = 4`` (a TOML ``[loader]`` table is read as well), and
+:meth:`TrainConfig.to_dict`. TOML keys are spelt as the flags (``echo-factor``) or as the fields
+(``echo_factor``). Settings left ``None`` that have a per-workload default are filled in from
 :data:`WORKLOAD_DEFAULTS` on construction, so a built config holds concrete values only.
 """
 
@@ -15,24 +19,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataecho.app.config_checks import (
-    MAX_ECHO_FACTOR,
-    Bool,
-    Check,
-    Choice,
-    EchoFactor,
-    Int,
-    PathValue,
-    Real,
-    Text,
-    UpstreamSpec,
-)
-from dataecho.loader import WHERE_CHOICES
+from dataecho._validate import Bool, Check, Choice, Int, PathValue, Real, Text
+from dataecho.app.config_checks import RUN_LOADER_CHECKS, UpstreamSpec
+from dataecho.errors import DataechoError
+from dataecho.loader import LoaderOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,20 +36,24 @@ else:  # pragma: no cover (pyproject pulls tomli in for 3.10)
 
 WORKLOADS = ("cnn", "char-lm")
 SYNC_MODES = ("ddp", "local-echo")  # data-parallel runs: dataecho.app.distributed
-# What "None" means for these fields, per workload (see the module docstring).
+# What "None" means for these fields, per workload (see the module docstring). Evaluations are
+# sized to decide a target while costing a small share of a run's time (docs/benchmarks.md).
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    # SmallCNN + SGD. An evaluation of 5,000 test images costs ~0.3 s on one core: ~8% of the
-    # ~3.8 s a run at R ~ 4 spends reading 6,000 fresh examples (10,000 would cost twice that).
+    # SmallCNN + SGD.
     "cnn": {"batch_size": 128, "lr": 0.05, "budget": 180_000, "eval_every": 6_000,
             "eval_examples": 5_000},
-    # CharTransformer + AdamW; an example is one chunk of seq_len characters. An evaluation of
-    # 512 chunks costs ~0.2 s; 3,200 fresh chunks are 100 steps of 32 (~4 s at full speed).
+    # CharTransformer + AdamW; an example is one chunk of seq_len characters.
     "char-lm": {"batch_size": 32, "lr": 3e-3, "budget": 64_000, "eval_every": 3_200,
                 "eval_examples": 512},
 }  # fmt: skip
-# The targets `dataecho train` uses unless told otherwise ("off" for none). 0.85: the issue's
-# accuracy target; 1.8 nats/char: reached after ~20,000 fresh chunks (~30 s unthrottled).
+# The targets `dataecho train` uses unless told otherwise ("off" for none): an accuracy the cnn
+# reaches within its budget, and a loss the char-lm reaches well within its own.
 CLI_TARGETS = {"cnn": ("target_accuracy", 0.85), "char-lm": ("target_loss", 1.8)}
+# make_loader sets these loader fields from the workload's data; the others are run settings.
+LOADER_FROM_DATA = ("transform", "batch_transform", "shuffle", "drop_last")
+_LOADER_FIELDS = {f.name: f for f in dataclasses.fields(LoaderOptions) if f.init}
+LOADER_KEYS = tuple(name for name in _LOADER_FIELDS if name not in LOADER_FROM_DATA)
+_LOADER_GROUPS = {"batch_size": "training", "read_ahead": "machine"}  # the rest: "echoing"
 # Upper limits of values that the machinery below takes in a fixed-size C number, or that no
 # real run needs; above them a run would fail deep inside (an overflow in time.sleep, a socket
 # or torch.manual_seed), so the config refuses them with the reason.
@@ -68,7 +67,7 @@ def _opt(default: Any, check: Check, group: str, help: str) -> Any:
     return field(default=default, metadata={"check": check, "group": group, "help": help})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)  # __init__ below also takes the loader's settings flat
 class TrainConfig:
     """One run of ``dataecho train`` (see the module docstring). Budgets and schedules count
     *fresh* examples (read from upstream), as the paper does; echoed copies are extra steps."""
@@ -124,39 +123,9 @@ class TrainConfig:
         "HTTP shard upstream: seconds without a byte from the server before a request counts as "
         "stalled (then retried, see retry-seconds)",
     )  # fmt: skip
-    echo_factor: float | str = _opt(
-        1.0, EchoFactor(), "echoing",
-        "copies per fresh item (1 = off; 2.5 = 2 or 3 at random, 2.5 on average), or 'auto': "
-        "echo only while fresh data is late",
-    )  # fmt: skip
-    max_echo_factor: float = _opt(
-        4.0,
-        Real(1, MAX_ECHO_FACTOR, why="the most times one fresh item is emitted: past that, "
-             "reuse only repeats the same data; use max_echo_factor=2 to 16 (the papers' range)"),
-        "echoing", "with echo factor 'auto': the most copies of one item",
-    )  # fmt: skip
-    reuse_buffer: int | None = _opt(
-        None, Int(1, none="default"), "echoing",
-        "with echo factor 'auto': how many recent fresh items a copy may be drawn from "
-        "(default: one batch of examples, or 1 batch for where=batch)",
-    )  # fmt: skip
-    reuse_policy: str | None = _opt(
-        None, Choice(("uniform", "latest", "fewest"), none="default"), "echoing",
-        "with echo factor 'auto': reuse an item emitted fewest times so far, one drawn "
-        "uniformly from the buffer, or the latest (default: fewest for examples, latest for "
-        "batches)",
-    )  # fmt: skip
-    where: str = _opt(
-        "before_augment", Choice(WHERE_CHOICES), "echoing", "insertion point of the echo stage"
+    loader: LoaderOptions = field(
+        metadata={"group": "echoing", "help": "the echoing loader's settings, one option each"}
     )
-    shuffle_buffer: int = _opt(
-        0, Int(0), "echoing",
-        "post-echo shuffle buffer in examples (batches for where=batch); 0 = none",
-    )  # fmt: skip
-    batch_size: int | None = _opt(
-        None, Int(1, none="default"), "training",
-        "examples per step (default: 128 for cnn, 32 for char-lm)",
-    )  # fmt: skip
     lr: float | None = _opt(
         None, Real(0, low_open=True, none="default"), "training",
         "learning rate (default: 0.05 with SGD for cnn, 0.003 with AdamW for char-lm)",
@@ -272,18 +241,53 @@ class TrainConfig:
         "seconds a collective waits for the other ranks; then it fails naming the late rank",
     )  # fmt: skip
 
-    def __post_init__(self) -> None:
+    def __init__(self, *, loader: LoaderOptions | None = None, **settings: Any) -> None:
+        """Keywords: the fields, and each of the loader's settings flat (``echo_factor=4``),
+        applied over ``loader`` (by default, ``LoaderOptions``' defaults)."""
         set_ = object.__setattr__  # frozen: normalise once, here
-        for f in dataclasses.fields(self):
-            set_(self, f.name, f.metadata["check"].check(f.name, getattr(self, f.name)))
+        own = {f.name: f for f in dataclasses.fields(self) if f.name != "loader"}
+        for key in settings:
+            if key not in own and key not in LOADER_KEYS:
+                raise TypeError(
+                    f"TrainConfig got an unexpected keyword argument {key!r}; "
+                    + _did_you_mean(key, [o.name for o in options()])
+                )
+        for name, f in own.items():
+            set_(self, name, f.metadata["check"].check(name, settings.get(name, f.default)))
         for key, value in WORKLOAD_DEFAULTS[self.workload].items():
-            if getattr(self, key) is None:
+            if key in own and getattr(self, key) is None:
                 set_(self, key, value)
+        flat = {key: settings[key] for key in LOADER_KEYS if key in settings}
+        set_(self, "loader", self._loader_options(loader, flat))
         if self.data_dir is None:
             set_(self, "data_dir", default_data_dir(self.workload))
         if not self.name:
             set_(self, "name", "auto" if self.echo_factor == "auto" else f"e={self.echo_factor:g}")
         self._check_combinations()
+
+    def _loader_options(self, base: Any, flat: dict[str, Any]) -> LoaderOptions:
+        """``base`` with the flat settings applied; a run's own limits hold for both."""
+        changes = {name: loader_check(name).check(name, value) for name, value in flat.items()}
+        if base is not None:
+            if not isinstance(base, LoaderOptions):
+                raise TypeError(
+                    f"loader must be a dataecho.loader.LoaderOptions or None, got "
+                    f"{type(base).__name__}"
+                )
+            for name in LOADER_FROM_DATA:
+                if getattr(base, name) != _LOADER_FIELDS[name].default:
+                    raise ValueError(
+                        f"loader.{name}={getattr(base, name)!r}: a run's loader takes {name} "
+                        f"from the workload's data (make_loader); leave it at its default"
+                    )
+            given = base.as_given()
+            for name in LOADER_KEYS:
+                if name not in changes:
+                    loader_check(name).check(name, given[name])
+        batch_size = changes.get("batch_size", base.batch_size if base is not None else None)
+        if batch_size is None:
+            changes["batch_size"] = WORKLOAD_DEFAULTS[self.workload]["batch_size"]
+        return base.with_changes(**changes) if base is not None else LoaderOptions(**changes)
 
     def _check_combinations(self) -> None:
         wrong, right = ("target_loss", "target_accuracy")
@@ -326,13 +330,31 @@ class TrainConfig:
         return self.target_accuracy if self.workload == "cnn" else self.target_loss
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values (paths as strings): for checkpoints, reports and TOML files."""
-        return {
-            k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()
-        }
+        """Plain values, flat (the loader's settings as their keys, None where a default was
+        derived) and paths as strings: for checkpoints, reports and TOML files."""
+        plain: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "loader":
+                given = self.loader.as_given()
+                plain.update((name, given[name]) for name in LOADER_KEYS)
+            else:
+                value = getattr(self, f.name)
+                plain[f.name] = str(value) if isinstance(value, Path) else value
+        return plain
 
 
-class ConfigError(ValueError):
+def _flat(name: str) -> property:
+    return property(
+        lambda self: getattr(self.loader, name),
+        doc=f"``loader.{name}``, read flat as its keyword, flag and TOML key spell it.",
+    )
+
+
+for _name in LOADER_KEYS:
+    setattr(TrainConfig, _name, _flat(_name))
+
+
+class ConfigError(DataechoError, ValueError):
     """A bad key or value in a config file or on the command line; the message says which."""
 
 
@@ -347,9 +369,61 @@ def default_data_dir(workload: str) -> Path:
     return DEFAULT_PACKAGE_DIR
 
 
-def options() -> list[dataclasses.Field]:
-    """The fields of :class:`TrainConfig` in order: one flag and one TOML key each."""
-    return list(dataclasses.fields(TrainConfig))
+@dataclass(frozen=True)
+class Option:
+    """One setting of a run: a keyword of :class:`TrainConfig`, a flag and a TOML key."""
+
+    name: str
+    default: Any
+    check: Check
+    group: str
+    help: str
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``check``, ``group`` and ``help`` as a mapping, as dataclass field metadata."""
+        return {"check": self.check, "group": self.group, "help": self.help}
+
+
+def loader_check(name: str) -> Check:
+    """The check of a loader setting in a run: the run's own, else ``LoaderOptions``'."""
+    return RUN_LOADER_CHECKS.get(name) or _LOADER_FIELDS[name].metadata["check"]
+
+
+def _loader_option(f: dataclasses.Field) -> Option:
+    text = f.metadata["help"]
+    if f.name in WORKLOAD_DEFAULTS["cnn"]:
+        text += (
+            " (default: "
+            + ", ".join(f"{values[f.name]:,} for {w}" for w, values in WORKLOAD_DEFAULTS.items())
+            + ")"
+        )
+    default = None if f.default is MISSING else f.default
+    return Option(f.name, default, loader_check(f.name), _LOADER_GROUPS.get(f.name, "echoing"),
+                  text)  # fmt: skip
+
+
+def _options() -> Iterator[Option]:
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "loader":
+            yield from (_loader_option(_LOADER_FIELDS[name]) for name in LOADER_KEYS)
+        else:
+            meta = f.metadata
+            yield Option(f.name, f.default, meta["check"], meta["group"], meta["help"])
+
+
+_OPTIONS = tuple(_options())
+
+
+def options() -> list[Option]:
+    """The settings of :class:`TrainConfig` in order (the loader's flat, where ``loader``
+    stands): one flag and one TOML key each."""
+    return list(_OPTIONS)
+
+
+def _did_you_mean(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(names)}"
 
 
 def flag(name: str) -> str:
@@ -366,16 +440,30 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise ConfigError(f"{path}: not a readable TOML file: {err}") from None
-    names = [f.name for f in options()]
-    out = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(names)}"
-            raise ConfigError(f"{path}: unknown key {key!r}; {hint}")
+    names = [o.name for o in options()]
+    out: dict[str, Any] = {}
+    for key, value, valid in _toml_entries(raw, names):
+        name = key.replace("-", "_").removeprefix("loader.")
+        if name not in valid and name in names:  # a run setting inside [loader]
+            raise ConfigError(
+                f"{path}: unknown key {key!r}: {name} is a setting of the run, not of its "
+                "loader; move it above the [loader] table"
+            )
+        if name not in valid:
+            raise ConfigError(f"{path}: unknown key {key!r}; {_did_you_mean(name, valid)}")
+        if name in out:
+            raise ConfigError(f"{path}: key {name!r} is given twice (flat and in [loader])")
         out[name] = value
     return out
+
+
+def _toml_entries(raw: dict[str, Any], names: list[str]) -> Iterator[tuple[str, Any, list[str]]]:
+    """``(key, value, valid names)``: top-level keys, and those of a ``[loader]`` table."""
+    for key, value in raw.items():
+        if key == "loader" and isinstance(value, dict):
+            yield from ((f"loader.{k}", v, list(LOADER_KEYS)) for k, v in value.items())
+        else:
+            yield key, value, names
 
 
 def config_from(
@@ -398,10 +486,10 @@ def config_from(
             given[name] = (value, f"{toml_path}: key {name.replace('_', '-')!r}")
     for name, value in (overrides or {}).items():
         given[name] = (value, flag(name))
-    fields = {f.name: f for f in options()}
+    checks = {o.name: o.check for o in options()}
     values = {}
     for name, (value, origin) in given.items():
-        check: Check = fields[name].metadata["check"]
+        check = checks[name]
         try:
             values[name] = check.check(
                 name, check.parse(value) if isinstance(value, str) else value

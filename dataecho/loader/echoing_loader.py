@@ -29,7 +29,12 @@ from dataecho import _validate
 from dataecho.loader.epoch_iterator import EpochIterator, WeakCall
 from dataecho.loader.length import epoch_batches
 from dataecho.loader.lifetime import DieWithParent
-from dataecho.loader.options import LoaderOptions, check_dataloader_arguments, default_prefetch
+from dataecho.loader.options import (
+    LoaderOptions,
+    check_dataloader_arguments,
+    check_options_alone,
+    default_prefetch,
+)
 from dataecho.loader.pipeline import (
     MAIN_PROCESS,
     PipelineDataset,
@@ -71,25 +76,16 @@ class EchoingDataLoader:
                            ``RuntimeError`` (the state belongs to one epoch at a time)
     =====================  ==================================================================
 
-    Echo args:
-        echo_factor: mean copies per fresh example (or batch, for ``where="batch"``); 1 = off;
-            "auto" = reuse only while fresh data is late (see ``dataecho.adaptive_echo``).
-        max_echo_factor: with "auto", the most times one item may be emitted.
-        reuse_buffer: with "auto", how many recent fresh items may be reused.
-        reuse_policy: with "auto", "fewest" (default for examples), "uniform" or "latest"
-            (default for batches) choice among them.
-        where: "before_augment" (each copy gets its own ``transform`` call), "after_augment"
-            (identical copies) or "batch" (whole batches repeat).
-        shuffle_buffer: post-echo shuffle buffer, in examples (or batches for "batch").
-        transform: per-example random augmentation; its randomness is seeded and checkpointed.
-        batch_transform: random augmentation of each collated batch, example by example (e.g.
-            ``Augment``): after the example-level echo stage, seeded like ``transform``, far
-            cheaper per example; not with ``where="after_augment"``.
+    Echo args (keyword-only): each of :class:`~dataecho.loader.options.LoaderOptions`' fields
+    (``echo_factor``, ``max_echo_factor``, ``reuse_buffer``, ``reuse_policy``, ``where``,
+    ``shuffle_buffer``, ``transform``, ``batch_transform``, ``copy``, ``read_ahead``), with the
+    meaning and default its help gives; None (the default here) takes that default. Or pass
+    them all at once:
+
+        options: a :class:`~dataecho.loader.options.LoaderOptions`, instead of the echo
+            keywords. ``batch_size``, ``shuffle`` and ``drop_last`` then come from it; given
+            here as well, they must agree with it.
         seed: one pipeline seed; every stage, worker and epoch derives its own from it.
-        copy: echoed copies never alias (costs one memcpy per copy, made only where a
-            per-example transform or a custom collate could see them); False to share them.
-        read_ahead: examples each worker reads ahead on a thread while the echo stage works
-            (None: one batch when echoing examples at a fixed factor, else 0).
         snapshot_every_n_steps: how often workers send their state (``StatefulDataLoader``);
             None: about once per shuffle buffer's worth of batches (every batch for "auto"
             with workers, whose replay would not repeat the same reuse decisions: a longer
@@ -116,37 +112,40 @@ class EchoingDataLoader:
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        echo_factor: float | str = 1.0,
-        max_echo_factor: float = 4.0,
+        echo_factor: float | str | None = None,
+        max_echo_factor: float | None = None,
         reuse_buffer: int | None = None,
         reuse_policy: str | None = None,
-        where: str = "before_augment",
-        shuffle_buffer: int = 0,
+        where: str | None = None,
+        shuffle_buffer: int | None = None,
         transform: Callable[[Any], Any] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
         seed: int | None = None,
-        copy: bool = True,
+        copy: bool | None = None,
         read_ahead: int | None = None,
         snapshot_every_n_steps: int | None = None,
+        options: LoaderOptions | None = None,
     ) -> None:
-        check_dataloader_arguments(
-            dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers
-        )
-        self.options = LoaderOptions(
-            batch_size=batch_size,
-            echo_factor=echo_factor,
-            max_echo_factor=max_echo_factor,
-            reuse_buffer=reuse_buffer,
-            reuse_policy=reuse_policy,
-            where=where,
-            shuffle_buffer=shuffle_buffer,
-            transform=transform,
-            batch_transform=batch_transform,
-            shuffle=bool(shuffle),
-            drop_last=drop_last,
-            copy=copy,
-            read_ahead=read_ahead,
-        )
+        echo = dict(echo_factor=echo_factor, max_echo_factor=max_echo_factor,
+                    reuse_buffer=reuse_buffer, reuse_policy=reuse_policy, where=where,
+                    shuffle_buffer=shuffle_buffer, transform=transform,
+                    batch_transform=batch_transform, copy=copy, read_ahead=read_ahead)  # fmt: skip
+        if options is None:
+            check_dataloader_arguments(
+                dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers
+            )
+            given = {name: value for name, value in echo.items() if value is not None}
+            options = LoaderOptions(
+                batch_size=batch_size, shuffle=bool(shuffle), drop_last=bool(drop_last), **given
+            )
+        else:
+            check_options_alone(options, echo, batch_size=batch_size, shuffle=shuffle,
+                                drop_last=drop_last)  # fmt: skip
+            check_dataloader_arguments(
+                dataset, options.batch_size, options.shuffle, sampler, batch_sampler,
+                persistent_workers,
+            )  # fmt: skip
+        self.options = options
         self.num_workers = _validate.non_negative_int(
             num_workers, name="num_workers", hint="use 0 to read in the main process"
         )

@@ -1,66 +1,110 @@
-"""The loader's echo options: a small validated dataclass (grain style)."""
+"""The loader's echo options: one small validated dataclass (grain style), the one definition.
+
+Each field carries its check and its help (``metadata``): the class docstring lists them, the
+application's ``dataecho train`` flags and TOML keys are made from them, and construction runs
+every check once. A field left None takes a default derived from the others, named in its help.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from dataecho import _validate
+from dataecho._validate import Bool, Check, Choice, EchoFactor, Int, OptionalCallable, Real
 from dataecho.loader.reading import is_map_style
 
 WHERE_CHOICES = ("before_augment", "after_augment", "batch")
+REUSE_POLICIES = ("uniform", "latest", "fewest")
 AUTO = "auto"
 # The most batches a worker keeps in flight by default: a huge echo factor would otherwise
 # ask for that many times DataLoader's depth, all held in memory.
 MAX_PREFETCH = 32
 
 
+def _setting(check: Check, help: str, default: Any = MISSING) -> Any:
+    return field(default=default, metadata={"check": check, "help": help})
+
+
 @dataclass(frozen=True)
 class LoaderOptions:
-    """Where and how much to echo; checked on construction.
+    """Where and how much to echo; every field is checked on construction."""
 
-    Attributes:
-        batch_size: examples per batch (>= 1).
-        echo_factor: mean copies per fresh item (>= 1; a fraction is drawn per item), or
-            "auto": reuse only while fresh data is late (``dataecho.adaptive_echo``).
-        max_echo_factor: with "auto", the most times one item may be emitted.
-        reuse_buffer: with "auto", how many recent fresh items may be reused (default: one
-            batch's worth of examples, or 1 batch for batch echoing).
-        reuse_policy: with "auto", "fewest", "uniform" or "latest" (default: "fewest" for
-            examples, "latest" for batches).
-        where: insertion point: "before_augment", "after_augment" or "batch".
-        shuffle_buffer: post-echo shuffle buffer in items (examples, or batches for "batch");
-            0 or 1 means none.
-        transform: per-example augmentation, or None.
-        batch_transform: augmentation of a whole collated batch (each example drawn on its
-            own, e.g. ``Augment``), run where the batch is made, after the example-level echo
-            stage; much cheaper per example than ``transform`` from Python. Not with
-            "after_augment", whose copies must be identical.
-        shuffle: read a map-style dataset in a new random order each epoch.
-        drop_last: drop each worker's last incomplete batch.
-        copy: echoed copies are independent objects (see ``dataecho.stages.copying``).
-        read_ahead: examples each worker reads ahead on a background thread, so slow reads
-            overlap the echo stage's work (``dataecho.loader.read_ahead``). None: one
-            batch's worth when echoing examples at a fixed factor, else 0 ("auto" reads ahead
-            on its own; batch echoing leaves the worker's work as without echo). A dataset
-            whose ``__getitem__`` draws random numbers is reproducible only with 0.
-    """
-
-    batch_size: int
-    echo_factor: float | str = 1.0
-    max_echo_factor: float = 4.0
-    reuse_buffer: int | None = None
-    reuse_policy: str | None = None
-    where: str = "before_augment"
-    shuffle_buffer: int = 0
-    transform: Callable[[Any], Any] | None = None
-    batch_transform: Callable[[Any], Any] | None = None
-    shuffle: bool = False
-    drop_last: bool = False
-    copy: bool = True
-    read_ahead: int | None = None
+    batch_size: int = _setting(
+        Int(1, hint="pass the number of examples per batch, e.g. 128"),
+        "examples per batch; batches are formed after the echo stage",
+    )
+    echo_factor: float | str = _setting(
+        EchoFactor(),
+        "copies per fresh item (1 = off; 2.5 = 2 or 3 at random, 2.5 on average), or 'auto': "
+        "echo only while fresh data is late (dataecho.adaptive_echo)",
+        1.0,
+    )
+    max_echo_factor: float = _setting(
+        Real(1, hint="the most copies 'auto' may make of one item, e.g. 4"),
+        "with echo factor 'auto': the most copies of one item",
+        4.0,
+    )
+    reuse_buffer: int | None = _setting(
+        Int(1, none="default", hint="the number of recent fresh items 'auto' may reuse"),
+        "with echo factor 'auto': how many recent fresh items a copy may be drawn from "
+        "(default: one batch of examples, or 1 batch for where=batch)",
+        None,
+    )
+    reuse_policy: str | None = _setting(
+        Choice(REUSE_POLICIES, none="default"),
+        "with echo factor 'auto': reuse an item emitted fewest times so far, one drawn "
+        "uniformly from the buffer, or the latest (default: fewest for examples, latest for "
+        "batches)",
+        None,
+    )
+    where: str = _setting(
+        Choice(WHERE_CHOICES),
+        "insertion point of the echo stage: before_augment (each copy augmented on its own), "
+        "after_augment (identical copies) or batch (whole batches repeat)",
+        "before_augment",
+    )
+    shuffle_buffer: int = _setting(
+        Int(0, hint="use 0 for no post-echo shuffling"),
+        "post-echo shuffle buffer in examples (batches for where=batch); 0 or 1 = none",
+        0,
+    )
+    transform: Callable[[Any], Any] | None = _setting(
+        OptionalCallable("example"),
+        "per-example random augmentation, seeded and checkpointed, or None",
+        None,
+    )
+    batch_transform: Callable[[Any], Any] | None = _setting(
+        OptionalCallable("batch"),
+        "augmentation of each collated batch, example by example (e.g. Augment), run where "
+        "the batch is made, after the example-level echo stage, and seeded like transform; "
+        "cheaper per example than transform from Python. Not with where=after_augment, whose "
+        "copies must be identical",
+        None,
+    )
+    shuffle: bool = _setting(
+        Bool(), "read a map-style dataset in a new seeded order each epoch", False
+    )
+    drop_last: bool = _setting(Bool(), "drop each worker's last incomplete batch", False)
+    copy: bool = _setting(
+        Bool(),
+        "echoed copies are independent objects (one memcpy per copy, made only where a "
+        "per-example transform or a custom collate could see them); false shares them",
+        True,
+    )
+    read_ahead: int | None = _setting(
+        Int(0, none="default", hint="the examples each worker reads ahead on a thread; 0 reads "
+            "in step"),
+        "examples each worker reads ahead on a background thread, so slow reads overlap the "
+        "echo stage's work (dataecho.loader.read_ahead); a dataset whose __getitem__ draws "
+        "random numbers is reproducible only with 0 (default: one batch when echoing examples "
+        "at a fixed factor, else 0)",
+        None,
+    )  # fmt: skip
+    # The fields left None whose default was derived here: a copy made with ``with_changes``
+    # derives them again from its own values.
+    _derived: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     @property
     def adaptive(self) -> bool:
@@ -74,74 +118,51 @@ class LoaderOptions:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
-        set_(
-            self,
-            "batch_size",
-            _validate.positive_int(
-                self.batch_size,
-                name="batch_size",
-                hint="pass the number of examples per batch, e.g. 128",
-            ),
-        )
-        if self.echo_factor != AUTO:
-            factor = _validate.echo_factor(self.echo_factor, name="echo_factor", auto_ok=True)
-            set_(self, "echo_factor", factor)
-        set_(
-            self,
-            "max_echo_factor",
-            _validate.echo_factor(self.max_echo_factor, name="max_echo_factor"),
-        )
-        _validate.one_of(self.where, WHERE_CHOICES, name="where")
+        for f in fields(self):
+            if "check" in f.metadata:
+                set_(self, f.name, f.metadata["check"].check(f.name, getattr(self, f.name)))
         batches = self.where == "batch"
-        if self.reuse_buffer is None:
-            set_(self, "reuse_buffer", 1 if batches else self.batch_size)
-        set_(
-            self,
-            "reuse_buffer",
-            _validate.positive_int(
-                self.reuse_buffer,
-                name="reuse_buffer",
-                hint="the number of recent fresh items auto may reuse",
-            ),
-        )
-        if self.reuse_policy is None:
-            # Examples: copies spread evenly over the buffer, as a fixed factor spreads them;
-            # at R ~ 2 that needed 14% fewer fresh examples to target than uniform draws
-            # (docs/benchmarks.md, peers section).
-            set_(self, "reuse_policy", "latest" if batches else "fewest")
-        _validate.one_of(self.reuse_policy, ("uniform", "latest", "fewest"), name="reuse_policy")
-        set_(
-            self,
-            "shuffle_buffer",
-            _validate.non_negative_int(
-                self.shuffle_buffer, name="shuffle_buffer", hint="use 0 for no post-echo shuffling"
-            ),
-        )
-        if self.read_ahead is None:
-            fixed_examples = self.echoes and not self.adaptive and self.where != "batch"
-            set_(self, "read_ahead", self.batch_size if fixed_examples else 0)
-        set_(
-            self,
-            "read_ahead",
-            _validate.non_negative_int(
-                self.read_ahead,
-                name="read_ahead",
-                hint="the examples each worker reads ahead on a thread; 0 reads in step",
-            ),
-        )
-        for name, what in (("transform", "example"), ("batch_transform", "batch")):
-            value = getattr(self, name)
-            if value is not None and not callable(value):
-                raise TypeError(
-                    f"{name} must be a callable ({what} -> {what}) or None, got "
-                    f"{type(value).__name__}"
-                )
+        derived = {
+            "reuse_buffer": 1 if batches else self.batch_size,
+            # Examples: copies spread evenly over the buffer, as a fixed factor spreads them
+            # (docs/benchmarks.md, peers section, compares the policies).
+            "reuse_policy": "latest" if batches else "fewest",
+            # "auto" reads ahead on its own; batch echoing leaves the worker's work as without.
+            "read_ahead": self.batch_size if self.echoes and not (self.adaptive or batches) else 0,
+        }
+        taken = frozenset(name for name in derived if getattr(self, name) is None)
+        for name in taken:
+            set_(self, name, derived[name])
+        set_(self, "_derived", taken)
         if self.batch_transform is not None and self.where == "after_augment":
             raise ValueError(
                 "batch_transform runs after batching, so with where='after_augment' the echoed "
                 "copies would be augmented apart; pass the augmentation as transform= (per "
                 "example) for identical copies, or use where='before_augment'"
             )
+
+    def as_given(self) -> dict[str, Any]:
+        """The fields as they were passed: None where a default was derived."""
+        return {
+            f.name: None if f.name in self._derived else getattr(self, f.name)
+            for f in fields(self)
+            if f.init
+        }
+
+    def with_changes(self, **changes: Any) -> LoaderOptions:
+        """A copy with ``changes``; fields left to a derived default derive it again (unlike
+        ``dataclasses.replace``, which would keep, say, one batch's worth of reuse buffer
+        after the batch size changed)."""
+        return LoaderOptions(**{**self.as_given(), **changes})
+
+
+def _document(cls: type) -> None:
+    """Append each field's help to the class docstring, so ``help()`` shows the one text."""
+    lines = [f"    {f.name}: {f.metadata['help']}." for f in fields(cls) if "help" in f.metadata]
+    cls.__doc__ = f"{cls.__doc__}\n\n    Attributes:\n" + "\n".join(lines) + "\n"
+
+
+_document(LoaderOptions)
 
 
 def default_prefetch(opts: LoaderOptions) -> int:
@@ -201,3 +222,25 @@ def check_dataloader_arguments(
             f"sampler= and shuffle={shuffle!r} are mutually exclusive (as with DataLoader): "
             "the sampler decides the order; drop shuffle, or the sampler"
         )
+
+
+def check_options_alone(
+    options: Any, echo: dict[str, Any], *, batch_size: Any, shuffle: Any, drop_last: Any
+) -> None:
+    """With ``options=``, the echo keywords stay unset and DataLoader's arguments that options
+    also holds (``batch_size``, ``shuffle``, ``drop_last``) are unset or agree with it."""
+    if not isinstance(options, LoaderOptions):
+        raise TypeError(f"options must be a LoaderOptions or None, got {type(options).__name__}")
+    given = [name for name, value in echo.items() if value is not None]
+    if given:
+        raise TypeError(
+            f"options= and {', '.join(f'{name}=' for name in given)} both set echo settings; "
+            f"put them in the options (options.with_changes({given[0]}=...)) or drop options="
+        )
+    for name, value, unset in (("batch_size", batch_size, 1), ("shuffle", shuffle, None),
+                               ("drop_last", drop_last, False)):  # fmt: skip
+        if value != unset and value != getattr(options, name):
+            raise ValueError(
+                f"{name}={value!r} disagrees with options.{name}={getattr(options, name)!r}; "
+                f"drop the {name} argument (the options set it) or change the options"
+            )

@@ -9,23 +9,20 @@ from dataecho.loader.reading import is_map_style
 
 
 def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
-    """The echoing loader of ``cfg`` over ``data.train`` (also what ``dataecho profile`` times)."""
-    return EchoingDataLoader(
-        data.train,
-        batch_size=cfg.batch_size,
-        echo_factor=cfg.echo_factor,
-        max_echo_factor=cfg.max_echo_factor,
-        reuse_buffer=cfg.reuse_buffer,
-        reuse_policy=cfg.reuse_policy,
-        where=cfg.where,
-        shuffle_buffer=cfg.shuffle_buffer,
+    """The echoing loader of ``cfg`` over ``data.train`` (also what ``dataecho profile`` times):
+    ``cfg.loader``'s settings, with the augmentation and the read order of the data."""
+    options = cfg.loader.with_changes(
         transform=data.transform,
         batch_transform=data.batch_transform,
-        num_workers=cfg.num_workers,
-        seed=cfg.seed,
         # An iterable upstream (shards) orders itself, as DataLoader requires.
         shuffle=is_map_style(data.train),
         drop_last=True,
+    )
+    return EchoingDataLoader(
+        data.train,
+        options=options,
+        num_workers=cfg.num_workers,
+        seed=cfg.seed,
         # Without checkpoints the workers need not send their state (shuffle buffer
         # included) every few batches; with them, the loader's default keeps a resume's
         # replay short.
