@@ -19,11 +19,10 @@ from dataecho.app.config import (
     WORKLOAD_DEFAULTS,
     ConfigError,
     TrainConfig,
-    config_from,
     flag,
     options,
-    read_toml,
 )
+from dataecho.app.config_file import config_from, read_toml
 from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.errors import DataechoError

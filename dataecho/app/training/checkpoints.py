@@ -52,8 +52,9 @@ from dataecho.loader import EchoingDataLoader
 
 # Settings that shape the stream or the model: a checkpoint continues only a run that had them.
 RESUME_MUST_MATCH = ("workload", "seq_len", "augment_pad", "train_examples", "echo_factor",
-                     "max_echo_factor", "where", "shuffle_buffer", "batch_size", "lr",
-                     "momentum", "num_workers", "seed")  # fmt: skip
+                     "max_echo_factor", "reuse_buffer", "reuse_policy", "where",
+                     "shuffle_buffer", "batch_size", "lr", "momentum", "num_workers",
+                     "seed")  # fmt: skip
 
 
 @dataclasses.dataclass
