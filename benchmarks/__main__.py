@@ -1,8 +1,9 @@
 """``python -m benchmarks <name> [args]``: run one benchmark; without a name, list them.
 
-A benchmark is a module in this package with a ``main(argv: list[str]) -> int``; add it to
-``BENCHMARKS`` with a one-line description. Modules are imported only when run, so listing
-stays fast and one benchmark's imports never slow another.
+A benchmark is a package ``benchmarks/NAME/`` whose ``main(argv: list[str]) -> int`` runs it,
+with its results page ``RESULTS.md`` beside it; add it to ``BENCHMARKS`` with a one-line
+description. Packages are imported only when run, so listing stays fast and one benchmark's
+imports never slow another.
 """
 
 from __future__ import annotations

@@ -1,24 +1,25 @@
-"""Shared pieces of the benchmarks: data, a paced upstream, the training step, threads, runner.
+"""Shared pieces of the benchmarks: data, a paced upstream, the consumer's step, threads, runner.
 
 - :class:`SyntheticImages`, :class:`PacedImages`, :func:`paced_upstream`: Fashion-MNIST-shaped
   examples behind a storage emulation whose reads *sleep*, as a network or disk read does:
-  time passes, the CPU stays free for the training step.
-- :class:`TrainStep`: one real SGD step of :class:`dataecho.app.workloads.cnn.SmallCNN`.
+  time passes, the CPU stays free for the step.
+- :class:`SyntheticStep`: the consumer every benchmark feeds, a fixed amount of compute per
+  batch (one SGD step of :class:`dataecho.app.workloads.cnn.SmallCNN`); not a training loop.
 - :func:`pin_threads`: torch thread settings, so the step and the upstream do not fight over
   the cores.
 - :func:`interleaved`: run every case once per round, A B C ... A B C ..., so slow drift of the
   machine (other jobs, thermal state) hits every case alike instead of the last ones.
-- :func:`markdown_table`, :func:`machine_summary`, :func:`replace_block`: reporting.
+- :func:`markdown_table`, :func:`machine_summary`, :func:`results_dir`: reporting.
 """
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,7 +35,8 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs" / "benchmarks.md"
+# Generated reports, CSVs and plots; each benchmark's curated figures are its RESULTS.md.
+RESULTS = REPO / "bench-results"
 IMAGE_SHAPE = (1, 28, 28)
 
 
@@ -93,8 +95,15 @@ def paced_upstream(batch_seconds: float, batch_size: int, length: int) -> PacedI
     return PacedImages(length, delay=batch_seconds / batch_size, slack=batch_seconds)
 
 
-class TrainStep:
-    """One real training step: SmallCNN forward, cross-entropy, backward, SGD with momentum."""
+class SyntheticStep:
+    """A step of fixed cost for the benchmarks to feed: a stand-in for the user's training step.
+
+    Each call does the same work on a batch of the same shape: SmallCNN forward, cross-entropy,
+    backward and an SGD update with momentum, on the calling thread. It is not a training
+    loop: no epochs, schedule or evaluation, and the benchmarks time it, they do not tune it.
+    It does update ``model`` (a benchmark of accuracy per fresh example evaluates it) and
+    ``optimizer`` (the memory benchmark checkpoints both).
+    """
 
     def __init__(self, seed: int = 0, lr: float = 0.01) -> None:
         torch.manual_seed(seed)
@@ -176,7 +185,7 @@ def markdown_table(
 
 
 def machine_summary() -> dict[str, str]:
-    """Where and when a benchmark ran: CPU, cores usable, torch, Python, load, date."""
+    """Where a benchmark ran: CPU, cores usable, torch, Python, load average."""
     model = platform.processor() or platform.machine()
     try:
         for text in Path("/proc/cpuinfo").read_text().splitlines():
@@ -187,7 +196,6 @@ def machine_summary() -> dict[str, str]:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "cpu": f"{model}, {cores} cores usable",
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -224,19 +232,18 @@ def load_average() -> str:
         return "unknown"
 
 
-def replace_block(path: Path, heading: str, name: str, body: str, preamble: str) -> None:
-    """Put ``body`` between the ``name`` markers under ``## heading`` in ``path``.
+def results_dir(name: str) -> Path:
+    """Where benchmark ``name`` writes its generated report by default: ``bench-results/NAME``."""
+    return RESULTS / name
 
-    Only the marked block is replaced on a rerun; notes written by hand elsewhere in the
-    section stay. A missing file starts with ``preamble``; a missing section is appended.
-    """
-    begin, end = f"<!-- {name}:begin (generated) -->", f"<!-- {name}:end -->"
-    block = f"{begin}\n{body.strip()}\n{end}"
-    text = path.read_text() if path.exists() else preamble.rstrip() + "\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + f"\n\n## {heading}\n\n{block}\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+
+def __getattr__(name: str) -> Any:
+    # The step's earlier name: it read as a training loop, which it is not.
+    if name == "TrainStep":
+        warnings.warn(
+            "benchmarks.common.TrainStep is now benchmarks.common.SyntheticStep",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return SyntheticStep
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

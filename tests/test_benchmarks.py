@@ -1,4 +1,4 @@
-"""The benchmark harness: a tiny run of the adaptive benchmark, its table, docs and dispatcher.
+"""The benchmark harness: a tiny run of the adaptive benchmark, its table, report and dispatcher.
 
 No timing assertions: the figures depend on the machine's load; only their shape, finiteness
 and the counts that cannot depend on timing are checked.
@@ -6,11 +6,14 @@ and the counts that cannot depend on timing are checked.
 
 from __future__ import annotations
 
+import importlib
 import math
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 # `python -m pytest` from the repository root puts it on sys.path; a bare `pytest` may not.
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -73,18 +76,52 @@ def test_table_shape_and_finite_figures(result):
 
 
 @pytest.mark.timeout(180)
-def test_docs_block_is_replaced_not_appended(result, tmp_path):
-    path = tmp_path / "benchmarks.md"
+def test_report_is_written_to_its_results_folder_and_a_rerun_replaces_it(result, tmp_path):
     text = adaptive.report(result, "python -m benchmarks adaptive --tiny")
     assert "`python -m benchmarks adaptive --tiny`" in text
-    common.replace_block(path, adaptive.HEADING, "adaptive", text, adaptive.PREAMBLE)
-    path.write_text(path.read_text() + "\nNotes written by hand.\n")
-    common.replace_block(path, adaptive.HEADING, "adaptive", "second run", adaptive.PREAMBLE)
-    doc = path.read_text()
-    assert doc.startswith("# Benchmarks")
-    assert doc.count(f"## {adaptive.HEADING}") == 1
-    assert doc.count("adaptive:begin") == 1 and "second run" in doc
-    assert "--tiny" not in doc and "Notes written by hand." in doc
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)  # no dates in the output
+    path = adaptive.write(text, tmp_path / "adaptive")
+    assert path == tmp_path / "adaptive" / "adaptive.md"
+    assert path.read_text().startswith("# Adaptive echoing\n") and "--tiny" in path.read_text()
+    adaptive.write("second run", tmp_path / "adaptive")
+    assert path.read_text() == "# Adaptive echoing\n\nsecond run"
+
+
+def test_adaptive_writes_into_bench_results_by_default():
+    _, args = adaptive.parse([])
+    assert args.out == common.RESULTS / "adaptive" and common.RESULTS.name == "bench-results"
+    assert adaptive.parse(["--out", "elsewhere"])[1].out == Path("elsewhere")
+
+
+def test_synthetic_step_costs_the_same_work_every_call_and_updates_its_model():
+    step = common.SyntheticStep(seed=0)
+    before = [p.detach().clone() for p in step.model.parameters()]
+    images, labels = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    seconds = step(images, labels)
+    assert seconds > 0
+    assert any(not b.equal(p) for b, p in zip(before, step.model.parameters(), strict=True))
+    assert step.measure(8, steps=3, warmup=1) > 0
+
+
+def test_the_earlier_step_name_warns_and_gives_the_synthetic_step():
+    with pytest.warns(DeprecationWarning, match="TrainStep is now benchmarks.common.SyntheticStep"):
+        assert common.TrainStep is common.SyntheticStep
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        common.NoSuchThing  # noqa: B018
+
+
+def test_every_benchmark_is_a_package_with_a_results_page_linked_from_the_index():
+    index = (common.REPO / "docs" / "benchmarks.md").read_text()
+    for name, (module, _) in dispatcher.BENCHMARKS.items():
+        package = importlib.import_module(module)
+        assert callable(package.main), name
+        page = Path(package.__file__).parent / "RESULTS.md"
+        assert page.is_file(), page
+        assert f"../benchmarks/{name}/RESULTS.md" in index, name
+        text = page.read_text()
+        assert f"python -m benchmarks {name}" in text, name
+        for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):  # its plots are beside it
+            assert (page.parent / image).is_file(), image
 
 
 def test_markdown_table_aligns_columns():

@@ -1,4 +1,4 @@
-"""The augmentation benchmark (issue 4): real runs on real shards, a few hundred examples each.
+"""The augmentation benchmark: real runs on real shards, a few hundred examples each.
 
 No figure is asserted beyond what the runs' own records say: the table must hold each run's
 fresh-examples-to-target as it was logged, and the savings must be their ratios.

@@ -1,4 +1,4 @@
-"""The bounded-memory benchmark (issue 8): a few seconds of its stream, its CSV, plot and report.
+"""The bounded-memory benchmark: a few seconds of its stream, its CSV, plot and report.
 
 No timing assertions: RSS and rates depend on the machine; only that every sample was taken
 from the real processes (training process, loader worker, nginx), that the counters move,

@@ -1,4 +1,4 @@
-"""The peers benchmark harness (issue 7): a tiny run of every section, its tables and report.
+"""The peers benchmark harness: a tiny run of every section, its tables and report.
 
 No timing assertions: only the tables' shape, that every figure is finite, and counts that
 cannot depend on timing (fresh examples and steps of the fixed-budget quality runs).
@@ -23,16 +23,14 @@ if importlib.util.find_spec("monai") is None:  # found without importing it (sec
     )
 
 from benchmarks import __main__ as dispatcher  # noqa: E402
-from benchmarks import (  # noqa: E402
-    peer_markdown,
-    peer_report,
-    peer_snapshots,
-    peer_target,
-    peer_target_report,
-    peer_verdict,
-    peers,
-)
-from benchmarks.peer_loaders import AdjacentRepeat, Case  # noqa: E402
+from benchmarks import peers  # noqa: E402
+from benchmarks.peers import markdown as peer_markdown  # noqa: E402
+from benchmarks.peers import report as peer_report  # noqa: E402
+from benchmarks.peers import snapshots as peer_snapshots  # noqa: E402
+from benchmarks.peers import target as peer_target  # noqa: E402
+from benchmarks.peers import target_report as peer_target_report  # noqa: E402
+from benchmarks.peers import verdict as peer_verdict  # noqa: E402
+from benchmarks.peers.loaders import AdjacentRepeat, Case  # noqa: E402
 
 TINY = peers.Settings(
     ratios=(4,), duration=0.25, warmup=0.05, rounds=1, overhead_rounds=1, raw_seconds=0.05,

@@ -21,7 +21,7 @@ import os
 import resource
 from typing import Any
 
-from benchmarks.peer_loaders import Case, build
+from benchmarks.peers.loaders import Case, build
 
 
 def status_kb(field: str) -> int:

@@ -52,7 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--examples", type=int, default=None, help="with new shards: first N only")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    p.add_argument("--out", type=Path, default=common.REPO / "bench-results" / "augmentation")
+    p.add_argument("--out", type=Path, default=common.results_dir("augmentation"))
     return p.parse_args(argv)
 
 

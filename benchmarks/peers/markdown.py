@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import common, peer_snapshots, peer_target_report, peer_verdict
-from benchmarks.peer_report import (
+from benchmarks import common
+from benchmarks.peers import snapshots, target_report, verdict
+from benchmarks.peers.report import (
     EXAMPLE_PAYLOAD,
     GROWTH_HEADERS,
     INPUT_HEADERS,
@@ -30,7 +31,7 @@ def _head(result: dict, command: str) -> str:
     return f"""\
 # dataecho vs peers
 
-Command: `{command}` ({m["date"]}).
+Command: `{command}`.
 Machine: {m["cpu"]}; torch {m["torch"]}, Python {m["python"]}; {result["threads"]}.
 Load average (1/5/15 min) before: {m["load_before"]}; after: {m["load_after"]}.
 t_down = {result["t_down"] * 1e3:.2f} ms (SmallCNN + SGD step, batch {s.batch_size}, median of 30
@@ -73,10 +74,10 @@ state snapshots off (no checkpoints then): like for like with the peers, which c
 {table(INPUT_HEADERS, input_rows(result), align="rl" + "r" * 8)}
 
 Target (i), "never slower than the fastest peer at equal e", by paired rounds (see
-`benchmarks/peer_verdict.py`: like for like, then fastest against fastest; "yes" = mean
-ratio >= {peer_verdict.TOLERANCE}):
+`benchmarks/verdict.py`: like for like, then fastest against fastest; "yes" = mean
+ratio >= {verdict.TOLERANCE}):
 
-{table(peer_verdict.HEADERS, peer_verdict.rows(result), align="rlllrll")}
+{table(verdict.HEADERS, verdict.rows(result), align="rlllrll")}
 
 Every dataecho loader against the fastest peer at equal e (ratios of steps/s):
 
@@ -138,12 +139,12 @@ interval dataecho used before `dataecho/loader/snapshots.py` (shuffle_buffer // 
 "auto" snapshots every batch by default: its reuse decisions depend on timing, so a replay
 from an older snapshot would not repeat them.
 
-{table(peer_snapshots.HEADERS, peer_snapshots.rows(result))}
+{table(snapshots.HEADERS, snapshots.rows(result))}
 """
 
 
 def _target(result: dict) -> str:
-    s, table, tr = result["settings"], common.markdown_table, peer_target_report
+    s, table, tr = result["settings"], common.markdown_table, target_report
     return f"""\
 ## 6. Wall time to {s.target_accuracy:.2f} test accuracy ({s.target_rounds} round(s))
 

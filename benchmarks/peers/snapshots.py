@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from benchmarks import common
-from benchmarks.peer_loaders import Case, build
+from benchmarks.peers.loaders import Case, build
 
 
 def cases(s: Any) -> list[Case]:

@@ -1,4 +1,4 @@
-"""Tables and plot panel of the wall-time-to-target section (see benchmarks.peer_target)."""
+"""Tables and plot panel of the wall-time-to-target section (see benchmarks.peers.target)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 import statistics
 from typing import Any
 
-from benchmarks.peer_loaders import Case
-from benchmarks.peer_target import mean_seconds
+from benchmarks.peers.loaders import Case
+from benchmarks.peers.target import mean_seconds
 
 AUTO_TOLERANCE = 0.10  # "within 10%": the round-to-round spread of one case is about this
 

@@ -1,5 +1,5 @@
 """Tables and plot of ``python -m benchmarks peers`` (see benchmarks.peers); the Markdown
-report that holds them is :mod:`benchmarks.peer_markdown`."""
+report that holds them is :mod:`benchmarks.peers.markdown`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks import peer_target_report
-from benchmarks.peer_loaders import Case
+from benchmarks.peers import target_report
+from benchmarks.peers.loaders import Case
 
 OVERHEAD_TARGET = 0.98
 MIB = 1024.0  # kB per MiB
@@ -255,7 +255,7 @@ def plot(result: dict, path: Path) -> None:
         subs[0].legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7,
                        frameon=False)  # fmt: skip
     if target:
-        peer_target_report.plot_panel(subs[-1].subplots(1, 1), result)
+        target_report.plot_panel(subs[-1].subplots(1, 1), result)
     fig.suptitle(f"dataecho vs peers; t_down = {result['t_down'] * 1e3:.1f} ms, "
                  f"{result['machine']['cpu']}", fontsize=9)  # fmt: skip
     fig.savefig(path, dpi=100)

@@ -2,17 +2,22 @@
 
     python -m benchmarks distributed            # 2 ranks, 12,000 fresh examples per run
     python -m benchmarks distributed --quick    # 2,560 fresh examples, e = 1, 4
+    sh benchmarks/distributed/slowlink.sh 50mbit local-echo 4   # one run over a slow link (root)
 
-Every run is a real ``dataecho train --nproc 2`` (PyTorch's launcher, gloo over loopback),
-the same fresh-example budget for every row (both ranks together), the in-memory upstream
-slowed by ``--read-delay`` per example, batch echoing (``where=batch``: each fresh batch, then
-its ``e - 1`` copies). Figures per rank are rank 0's (rank 1's are equal by construction,
-except seconds). ``rounds/fresh batch`` = all-reduce calls / fresh batches of this rank: the
-issue's target is 1 for local-echo at every e and e for ddp (slightly less: a run stops at the
-step that reaches the budget, so the last batch is not echoed). ``comm s`` for ddp counts
-each bucket's all-reduce from launch to completion, overlapped with the backward pass.
-Test accuracy is on the whole test split, one seed, one learning rate for both modes (not
-tuned per method: the paper's reviewers asked for that; read differences of ~1 point as noise).
+What is measured, per (sync, e): steps and model all-reduce rounds per rank, rounds per fresh
+batch, bytes and seconds of communication per rank, the training loop's wall time and the test
+accuracy, at the same fresh-example budget for every row (both ranks together).
+
+How: every run is a real ``dataecho train --nproc 2`` (PyTorch's launcher, gloo over loopback),
+the in-memory upstream slowed by ``--read-delay`` per example, batch echoing (``where=batch``:
+each fresh batch, then its ``e - 1`` copies). Figures per rank are rank 0's (rank 1's are
+equal by construction, except seconds). ``rounds/fresh batch`` = all-reduce calls / fresh
+batches of this rank: by design 1 for local-echo at every e and e for ddp (slightly less: a
+run stops at the step that reaches the budget, so the last batch is not echoed). ``comm s``
+for ddp counts each bucket's all-reduce from launch to completion, overlapped with the
+backward pass. Test accuracy is on the whole test split, one seed, one learning rate for both
+modes (not tuned per method). ``slowlink.sh`` runs the same training with the two ranks in two
+network namespaces joined by a rate-limited link. Results: ``benchmarks/distributed/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = common.machine_summary()
     rows = run(settings, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"command: python -m benchmarks distributed {' '.join(args)}".rstrip())
-    print(f"machine: {machine['cpu']}; torch {machine['torch']}; {machine['date']}; load before "
+    print(f"machine: {machine['cpu']}; torch {machine['torch']}; load before "
           f"{machine['load']}, after {common.load_average()}; OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', '1 (set by the launcher)')}")  # fmt: skip
     print(f"settings: {settings}\n")

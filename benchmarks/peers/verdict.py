@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.peer_loaders import Case
-from benchmarks.peer_report import paired, rate
+from benchmarks.peers.loaders import Case
+from benchmarks.peers.report import paired, rate
 
 TOLERANCE = 0.98
 

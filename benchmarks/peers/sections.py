@@ -1,40 +1,24 @@
-"""dataecho against its peers, side by side, interleaved, on one upstream and model.
+"""The six sections of the peers benchmark, and :func:`run`, which runs those asked for.
 
-    python -m benchmarks peers                  # ~30 minutes; writes bench-results/peers/
-    python -m benchmarks peers --quick          # ~4 minutes; a few seconds per case
-    python -m benchmarks peers --only target    # one section (or several)
-
-Upstream: Fashion-MNIST held in memory, read through ``dataecho.app.sources.Throttled`` (sleeping
-reads) at R x t_down per batch of 128, in one loader worker that also augments (``Augment``
-per example). Step: :class:`benchmarks.common.TrainStep` (SmallCNN + SGD) on 1 torch thread.
-Loaders: see :mod:`benchmarks.peer_loaders`. Sections:
-
-1. overhead at e = 1 on the unthrottled upstream, plus raw echo-stage throughput;
-2. input-bound, R in {2, 4, 8}, e = R: steps/s, stall, fresh examples/s, efficiency;
-3. test accuracy after a fixed fresh-example budget at equal e;
-4. peak RSS of each loader, and dataecho's growth with its shuffle buffer
-   (:mod:`benchmarks.peer_memory`: one forked process per case);
-5. what dataecho's worker state snapshots cost (:mod:`benchmarks.peer_snapshots`);
-6. wall time to a target accuracy, auto against fixed e (:mod:`benchmarks.peer_target`).
+Every section trains (or iterates) each loader of :mod:`benchmarks.peers.loaders` on the same
+upstream and :class:`benchmarks.common.SyntheticStep`; sections 4-6 live in their own modules
+(:mod:`~benchmarks.peers.memory`, :mod:`~benchmarks.peers.snapshots`,
+:mod:`~benchmarks.peers.target`). The package docstring says what each section measures.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
-import pickle
-import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from benchmarks import common, peer_markdown, peer_memory, peer_snapshots, peer_target
-from benchmarks.peer_loaders import Case, build
-from benchmarks.peer_settings import QUICK, Settings
+from benchmarks import common
+from benchmarks.peers import memory, snapshots, target
+from benchmarks.peers.loaders import Case, build
+from benchmarks.peers.settings import Settings
 from dataecho.app.sources.fashion_mnist import FashionMNIST
 from dataecho.app.sources.throttled import Throttled
 from dataecho.app.workloads.augment import Augment
@@ -72,7 +56,7 @@ class Context:
     train: Any
     test: Any
     augment: Augment
-    step: common.TrainStep
+    step: common.SyntheticStep
     t_down: float
 
 
@@ -186,7 +170,7 @@ def quality(ctx: Context, log) -> list[dict]:
             log(f"quality: {case.name}, seed {seed}")
             order = torch.randperm(len(ctx.train), generator=torch.Generator().manual_seed(seed))
             subset = torch.utils.data.Subset(ctx.train, order[: s.quality_budget].tolist())
-            step = common.TrainStep(seed=seed)
+            step = common.SyntheticStep(seed=seed)
             run = build(case, subset, ctx.augment, batch_size=s.batch_size, seed=seed,
                         shuffle=True, max_echo_factor=s.max_echo_factor)  # fmt: skip
             seen, steps = set(), 0
@@ -208,7 +192,7 @@ def run(s: Settings, log=print) -> dict:
     load_before = common.load_average()
     train = FashionMNIST(split="train", limit=s.train_limit)
     test = FashionMNIST(split="test", limit=s.test_limit)
-    step = common.TrainStep(seed=s.seed)
+    step = common.SyntheticStep(seed=s.seed)
     t_down = step.measure(s.batch_size)
     log(f"t_down = {t_down * 1e3:.2f} ms per step ({threads}); load {load_before}")
     ctx = Context(s, train, test, Augment(), step, t_down)
@@ -218,9 +202,9 @@ def run(s: Settings, log=print) -> dict:
         "raw": lambda: raw_throughput(s),
         "input_bound": lambda: input_bound(ctx, log),
         "quality": lambda: quality(ctx, log),
-        "memory": lambda: peer_memory.measure_all(s.memory_cases(), train, ctx.augment, s, log),
-        "snapshots": lambda: peer_snapshots.measure_all(train, ctx.augment, s, log),
-        "target": lambda: peer_target.run_all(ctx, log),
+        "memory": lambda: memory.measure_all(s.memory_cases(), train, ctx.augment, s, log),
+        "snapshots": lambda: snapshots.measure_all(train, ctx.augment, s, log),
+        "target": lambda: target.run_all(ctx, log),
     }
     result["seconds"], result["failed"] = {}, {}
     for name, section in sections.items():
@@ -240,55 +224,3 @@ def run(s: Settings, log=print) -> dict:
         "threads_alive": threading.active_count(),
     }
     return result
-
-
-def parse(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="python -m benchmarks peers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--quick", action="store_true", help="a few seconds per case, 1 round")
-    p.add_argument("--rounds", type=int, help="interleaved rounds of section 2 (default 2)")
-    p.add_argument("--duration", type=float, help="measured seconds per case and round (4)")
-    p.add_argument("--ratios", type=float, nargs="+", help="R values (2 4 8)")
-    p.add_argument(
-        "--only",
-        nargs="+",
-        choices=Settings.sections,
-        metavar="SECTION",
-        help=f"run only these sections: {' '.join(Settings.sections)}",
-    )
-    p.add_argument("--match", nargs="+", metavar="TEXT",
-                   help='section 2: only loaders whose name contains one of these, e.g. "MONAI" '
-                        '"(batch)" (DataLoader always runs)')  # fmt: skip
-    p.add_argument("--target-ratios", type=float, nargs="+", help="R values of section 6 (2 4 8)")
-    p.add_argument("--target-rounds", type=int, help="rounds (seeds) of section 6 (2)")
-    p.add_argument("--target-accuracy", type=float, help="test accuracy section 6 races to (0.8)")
-    p.add_argument("--out", type=Path, default=common.REPO / "bench-results" / "peers",
-                   help="where peers.md and peers.png go")  # fmt: skip
-    a = p.parse_args(argv)
-    s = Settings(**QUICK) if a.quick else Settings()
-    given = {"rounds": a.rounds, "duration": a.duration,
-             "ratios": tuple(a.ratios) if a.ratios else None,
-             "sections": tuple(a.only) if a.only else None, "target_rounds": a.target_rounds,
-             "input_bound_match": tuple(a.match) if a.match else None,
-             "target_accuracy": a.target_accuracy,
-             "target_ratios": tuple(a.target_ratios) if a.target_ratios else None}  # fmt: skip
-    return replace(s, **{k: v for k, v in given.items() if v is not None}), a
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    settings, a = parse(args)
-    result = run(settings, log=lambda m: print(m, file=sys.stderr, flush=True))
-    command = " ".join(["python -m benchmarks peers", *args])
-    path = peer_markdown.write(result, command, a.out)
-    print(path.read_text())
-    print(f"written: {path} and {path.with_name('peers.png')}", file=sys.stderr)
-    with open(a.out / "peers.pickle", "wb") as f:  # the raw result, to re-render the report
-        pickle.dump(result, f)
-    windows = result.get("input_bound", {}).values()
-    ok = not result["failed"] and all(math.isfinite(w.steps) for w in windows)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

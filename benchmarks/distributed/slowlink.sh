@@ -3,10 +3,10 @@
 # by a veth pair rate-limited with tc tbf (this kernel has no netem: no added latency), one
 # torchrun "node" (1 rank) in each: the multi-node torchrun path, over a link of RATE each way.
 # Needs root (CAP_NET_ADMIN).
-#   sh benchmarks/distributed_slowlink.sh RATE SYNC E      e.g.  sh distributed_slowlink.sh 50mbit local-echo 4
+#   sh benchmarks/distributed/slowlink.sh RATE SYNC E   e.g.  sh benchmarks/distributed/slowlink.sh 50mbit local-echo 4
 set -eu
 RATE=$1 SYNC=$2 E=$3
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 cleanup() { ip netns del de0 2>/dev/null || true; ip netns del de1 2>/dev/null || true; }
 trap cleanup EXIT
 cleanup

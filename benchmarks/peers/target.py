@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
-from benchmarks.peer_loaders import Case, build
+from benchmarks.peers.loaders import Case, build
 from dataecho.app.sources.throttled import Throttled
 from dataecho.app.workloads.cnn import evaluate
 
@@ -52,7 +52,7 @@ def to_target(ctx: Any, case: Case, ratio: float, seed: int, subset: Any) -> dic
     """Train ``case`` at R = ``ratio`` until the target; what it cost."""
     s = ctx.s
     data = Throttled(ctx.train, delay=ratio * ctx.t_down / s.batch_size)
-    step = common.TrainStep(seed=seed, lr=s.target_lr)
+    step = common.SyntheticStep(seed=seed, lr=s.target_lr)
     run = build(case, data, ctx.augment, batch_size=s.batch_size, seed=seed, shuffle=True,
                 max_echo_factor=s.max_echo_factor)  # fmt: skip
     seen: set[int] = set()
