@@ -1,0 +1,112 @@
+"""The package's promises to its installers: the library needs only torch (a range, so the
+user's torch stays), torchdata, numpy and tqdm; the application's needs come with the ``app``
+extra; importing the library loads none of them; ``python -m dataecho.app`` is the command."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the app extra brings tomli on 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# Distribution names of the application's dependencies, and the modules they install.
+APP_ONLY = {"matplotlib": "matplotlib", "webdataset": "webdataset", "rdata": "rdata",
+            "pillow": "PIL"}  # fmt: skip
+
+
+def requirements(entries: list[str]) -> dict[str, Requirement]:
+    found = [Requirement(entry) for entry in entries]
+    return {canonicalize_name(r.name): r for r in found}
+
+
+BASE = requirements(PROJECT["dependencies"])
+APP = requirements(PROJECT["optional-dependencies"]["app"])
+
+
+def test_the_library_needs_only_torch_torchdata_numpy_and_tqdm():
+    assert set(BASE) == {"torch", "torchdata", "numpy", "tqdm"}
+
+
+@pytest.mark.parametrize("version", ["2.13.0", "2.14.1", "2.15.0"])
+def test_the_torch_range_admits_the_releases_the_library_supports(version):
+    assert BASE["torch"].specifier.contains(version), (version, str(BASE["torch"].specifier))
+
+
+def test_torch_is_a_range_not_a_pin_and_the_dev_pin_lies_in_it():
+    specifier = BASE["torch"].specifier
+    assert specifier, "torch needs a lower and an upper bound"
+    assert all(s.operator not in ("==", "===") for s in specifier), str(specifier)
+    assert not specifier.contains("2.12.0") and not specifier.contains("2.16.0"), str(specifier)
+    pins = [Requirement(line) for line in (ROOT / "constraints-dev.txt").read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+    dev_torch = [p for p in pins if canonicalize_name(p.name) == "torch"]
+    assert len(dev_torch) == 1, pins
+    (pinned,) = [s.version for s in dev_torch[0].specifier if s.operator == "=="]
+    assert specifier.contains(pinned), (pinned, str(specifier))
+
+
+@pytest.mark.parametrize("name", sorted(APP_ONLY))
+def test_an_application_dependency_is_in_the_app_extra_not_in_the_base(name):
+    assert name not in BASE
+    assert name in APP
+
+
+def test_the_command_checks_for_exactly_the_app_extras_modules():
+    from dataecho.app import APP_REQUIREMENTS
+
+    assert set(APP_REQUIREMENTS) == set(APP_ONLY.values())
+
+
+@pytest.mark.parametrize("statement", ["import dataecho",
+                                       "from dataecho import EchoingDataLoader"])  # fmt: skip
+def test_importing_the_library_loads_no_application_dependency(statement):
+    modules = sorted(APP_ONLY.values())
+    code = (f"import sys\n{statement}\n"
+            f"print(sorted(m for m in {modules!r} if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert out.stdout.strip() == "[]"
+
+
+def test_python_m_dataecho_app_is_the_command():
+    out = subprocess.run([sys.executable, "-m", "dataecho.app", "--help"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: dataecho ")
+    for command in ("demo", "profile", "prepare", "train"):
+        assert command in out.stdout
+
+
+def test_the_library_source_imports_only_the_standard_library_and_its_four_dependencies():
+    # Reads the source, so an import deferred into a function counts too.
+    allowed = {"dataecho", "torch", "torchdata", "numpy", "tqdm"} | set(sys.stdlib_module_names)
+    found = {}
+    for path in sorted((ROOT / "dataecho").rglob("*.py")):
+        if "app" in path.relative_to(ROOT / "dataecho").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.ImportFrom):  # relative: resolved against the path
+                package = list(path.relative_to(ROOT).parts[: -node.level])
+                names = [".".join(package + [node.module] if node.module else package)]
+                names += [f"{names[0]}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] not in allowed or name.startswith("dataecho.app"):
+                    found[f"{path.relative_to(ROOT)}:{node.lineno}"] = name
+    assert not found, found
