@@ -31,7 +31,7 @@ from dataecho.loader import LoaderOptions
 WORKLOADS = ("cnn", "char-lm")
 SYNC_MODES = ("ddp", "local-echo")  # data-parallel runs: dataecho.app.distributed
 # What "None" means for these fields, per workload (see the module docstring). Evaluations are
-# sized to decide a target while costing a small share of a run's time (docs/benchmarks.md).
+# sized to decide a target while costing a small share of a run's time.
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
     # SmallCNN + SGD.
     "cnn": {"batch_size": 128, "lr": 0.05, "budget": 180_000, "eval_every": 6_000,

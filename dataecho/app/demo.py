@@ -1,6 +1,6 @@
 """``dataecho demo``: an input-bound run over a real HTTP server, trained with and without echoing.
 
-    dataecho demo             # ~2-4 minutes on 2 cores; writes runs/<timestamp>/
+    dataecho demo             # a few minutes; writes runs/<timestamp>/ (results: docs/demo.md)
     dataecho demo --quick     # seconds: a tiny subset, a low target, one evaluation
 
 Steps: write the Fashion-MNIST training set once as WebDataset shards (cached in --work-dir);
@@ -28,7 +28,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from dataecho._validate import Int, Real
 from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
+from dataecho.app.config import MAX_SEED
+from dataecho.app.config_checks import MAX_ECHO_FACTOR
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
 from dataecho.app.train import TrainConfig, train
@@ -49,23 +52,35 @@ class Plan:
     batch_size: int = 128
     budget: int = 120_000  # fresh examples per run at most
     eval_every: int = 3_000  # fresh examples between evaluations
-    eval_examples: int = 5_000  # test examples per evaluation (~0.25 s on one core)
-    # A first look at 1,000 of them (~0.05 s); the full 5,000 only within 2 points of the
-    # target. The echoed runs cannot hide evaluations behind the upstream as the no-echo
-    # run does (docs/benchmarks.md), so their cost matters.
+    eval_examples: int = 5_000  # test examples per evaluation
+    # A first look at 1,000 of them; the full 5,000 only within 2 points of the target. The
+    # echoed runs cannot hide evaluations behind the upstream as the no-echo run does, so
+    # their cost matters.
     screen_examples: int = 1_000
     # ... and in a background thread on a snapshot (dataecho.app.evaluation), so that a run with
     # no slack (echoing at e = R) need not stop for them either; a target counts when its
     # evaluation has finished.
     eval_in_background: bool = True
     profile_seconds: float = 8.0  # 40% upstream, 20% step, 40% both
-    probe_examples: int = 12_000  # the calibration's run through the training loop (~12 s)
+    probe_examples: int = 12_000  # the calibration's run through the training loop
     examples_per_shard: int = EXAMPLES_PER_SHARD
 
 
 QUICK = Plan(examples=2_048, batch_size=64, budget=2_048, eval_every=2_048, eval_examples=500,
              profile_seconds=1.5, probe_examples=0, screen_examples=0,
              examples_per_shard=256)  # fmt: skip
+
+
+# The demo's own flags, checked by the same rules (and messages) as ``dataecho train``'s.
+_TARGET = Real(0.0, 1.0, low_open=True).argparse_type("--target")
+_SEED = Int(0, high=MAX_SEED).argparse_type("--seed")
+_POSITIVE = Real(0.0, low_open=True)
+
+
+def _factor(name: str):  # noqa: ANN202
+    return Real(
+        1.0, MAX_ECHO_FACTOR, why="a larger factor only repeats the same data"
+    ).argparse_type(name)
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,26 +93,26 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="cache of the prepared shards (default: %(default)s)")
     add("--runs-dir", type=Path, default=Path("runs"), metavar="DIR",
         help="reports go to DIR/<timestamp>/ (default: %(default)s)")
-    add("--target", type=_fraction, default=None, metavar="ACC",
+    add("--target", type=_TARGET, default=None, metavar="ACC",
         help=f"evaluation accuracy each run trains to (default: {DEFAULT_TARGET}; "
         f"{QUICK_TARGET} with --quick)")
-    add("--echo-factor", type=_at_least_one, default=4.0, metavar="E",
+    add("--echo-factor", type=_factor("--echo-factor"), default=4.0, metavar="E",
         help="echo factor of the fixed-factor run (default: %(default)s)")
-    add("--max-echo-factor", type=_at_least_one, default=8.0, metavar="E",
+    add("--max-echo-factor", type=_factor("--max-echo-factor"), default=8.0, metavar="E",
         help="the most copies the 'auto' run may make of one example (default: %(default)s)")
-    add("--upstream-ratio", type=_positive, default=4.0, metavar="R",
+    add("--upstream-ratio", type=_POSITIVE.argparse_type("--upstream-ratio"), default=4.0, metavar="R",
         help="choose the bandwidth cap for R = t_up / t_down (default: %(default)s)")
-    add("--bandwidth", type=_positive, default=None, metavar="BYTES_PER_S",
+    add("--bandwidth", type=_POSITIVE.argparse_type("--bandwidth"), default=None, metavar="BYTES_PER_S",
         help="a total bandwidth cap of your own instead (R is still measured)")
     add("--emulate", action="store_true",
         help="read the shards through the storage emulation, not nginx (automatic without it)")
-    add("--budget", type=_positive_int, default=None, metavar="N",
+    add("--budget", type=Int(1).argparse_type("--budget"), default=None, metavar="N",
         help=f"fresh examples per run at most (default: {Plan.budget:,})")
-    add("--seed", type=_non_negative_int, default=0, metavar="N")
-    add("--augment-pad", type=_non_negative_int, default=2, metavar="N",
+    add("--seed", type=_SEED, default=0, metavar="N")
+    add("--augment-pad", type=Int(0).argparse_type("--augment-pad"), default=2, metavar="N",
         help="random shift of up to N pixels in the augmentation (default: %(default)s); "
         "less augmentation reaches the target sooner with and without echoing, and echoing "
-        "then saves less (docs/benchmarks.md)")
+        "then saves less (benchmarks/augmentation)")
     add("--quick", action="store_true",
         help="tiny settings for a smoke test: 2,048 examples, a low target, one evaluation")
     # fmt: on
@@ -148,7 +163,7 @@ def run_demo(args: argparse.Namespace) -> int:
             *cal.notes,
             f"augmentation after the echo stage: a random shift of up to "
             f"{args.augment_pad} pixels and a flip; echoing's saving grows with it, and so "
-            f"does the no-echo run's time to this early target (docs/benchmarks.md)",
+            f"does the no-echo run's time to this early target (benchmarks/augmentation)",
         ),
     )
     out = write_report(results, _new_run_dir(args.runs_dir), meta=meta)
@@ -157,7 +172,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace, plan: Plan) -> tuple[Path, dict[str, Any]]:
-    """The training shards in the cache; written on the first call only (~20 s for 60,000)."""
+    """The training shards in the cache; written on the first call only."""
     n = "all" if plan.examples is None else str(plan.examples)
     out = args.work_dir / "shards" / f"fashion-mnist-{n}-{plan.examples_per_shard}"
     print(f"shards: {out} (written once, then reused)")
@@ -233,23 +248,3 @@ def _new_run_dir(runs_dir: Path) -> Path:
     while out.exists():  # two demos in the same second
         out, n = runs_dir / f"{stamp}-{n}", n + 1
     return out
-
-
-def _type(convert, ok, want: str):
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}")
-        return value
-
-    return parse
-
-
-_fraction = _type(float, lambda v: 0 < v <= 1, "an accuracy in (0, 1]")
-_at_least_one = _type(float, lambda v: 1 <= v < float("inf"), "a finite number >= 1")
-_positive = _type(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
-_positive_int = _type(int, lambda v: v >= 1, "an integer >= 1")
-_non_negative_int = _type(int, lambda v: v >= 0, "an integer >= 0")

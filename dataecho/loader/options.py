@@ -124,8 +124,7 @@ class LoaderOptions:
         batches = self.where == "batch"
         derived = {
             "reuse_buffer": 1 if batches else self.batch_size,
-            # Examples: copies spread evenly over the buffer, as a fixed factor spreads them
-            # (docs/benchmarks.md, peers section, compares the policies).
+            # Examples: copies spread evenly over the buffer, as a fixed factor spreads them.
             "reuse_policy": "latest" if batches else "fewest",
             # "auto" reads ahead on its own; batch echoing leaves the worker's work as without.
             "read_ahead": self.batch_size if self.echoes and not (self.adaptive or batches) else 0,
