@@ -95,9 +95,11 @@ def test_emulated_demo_says_so_everywhere(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--target", "1.5"], "--target: must be an accuracy in (0, 1], got '1.5'"),
-        (["--echo-factor", "0.5"], "--echo-factor: must be a finite number >= 1, got '0.5'"),
-        (["--bandwidth", "-3"], "--bandwidth: must be a finite number > 0, got '-3'"),
+        (["--target", "1.5"], "--target must be a number in (0, 1], got 1.5"),
+        (["--echo-factor", "0.5"], "--echo-factor must be a number in [1, 1024], got 0.5"),
+        (["--bandwidth", "-3"], "--bandwidth must be a finite number > 0, got -3.0"),
+        (["--budget", "0"], "--budget must be >= 1, got 0"),
+        (["--seed", "x"], "must be an integer in 0..18446744073709551615, got 'x'"),
     ],
 )
 def test_bad_options_are_usage_errors(flags, message, capsys):
