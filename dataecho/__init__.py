@@ -20,7 +20,7 @@ The ``dataecho`` command, its demo and training runs are the application,
 :mod:`dataecho.app` (``pip install 'dataecho[app]'``); this package never imports it.
 """
 
-from dataecho import schedules, transforms
+from dataecho import augment, schedules, transforms
 from dataecho.loader import EchoingDataLoader, LoaderOptions
 from dataecho.optim import EchoedGD, EchoedNesterov, EchoedOptimizer, EchoedProxGD
 from dataecho.profiling import ProfileReport, format_report, profile, time_model
@@ -82,6 +82,7 @@ __all__ = [
     "TrainingProgress",
     "__version__",
     "adaptive_echo",
+    "augment",
     "copy_item",
     "echo",
     "format_report",
