@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from dataecho import EchoingDataLoader, LoaderOptions
 
-WHERES = ("before_augment", "after_augment", "batch")
+WHERES = ("before_augment", "after_augment", "batch", "device")
 
 
 class Numbers(Dataset):
@@ -204,6 +204,7 @@ def test_loader_does_not_disturb_the_callers_random_state():
         ("batch", 0),
         ("before_augment", 2),
         ("batch", 2),
+        ("device", 2),
     ],
 )
 def test_resume_at_every_position(where, num_workers):

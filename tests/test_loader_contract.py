@@ -28,7 +28,7 @@ from torch.utils.data import (
 from dataecho import EchoingDataLoader
 from dataecho.loader.options import MAX_PREFETCH
 
-WHERES = ("before_augment", "after_augment", "batch")
+WHERES = ("before_augment", "after_augment", "batch", "device")
 
 
 def test_positional_arguments_and_attributes_are_dataloaders():

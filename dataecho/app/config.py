@@ -44,7 +44,7 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
 # reaches within its budget, and a loss the char-lm reaches well within its own.
 CLI_TARGETS = {"cnn": ("target_accuracy", 0.85), "char-lm": ("target_loss", 1.8)}
 # make_loader sets these loader fields from the workload's data; the others are run settings.
-LOADER_FROM_DATA = ("transform", "batch_transform", "shuffle", "drop_last")
+LOADER_FROM_DATA = ("transform", "batch_transform", "device_transform", "shuffle", "drop_last")
 _LOADER_FIELDS = {f.name: f for f in dataclasses.fields(LoaderOptions) if f.init}
 LOADER_KEYS = tuple(name for name in _LOADER_FIELDS if name not in LOADER_FROM_DATA)
 _LOADER_GROUPS = {"batch_size": "training", "read_ahead": "machine"}  # the rest: "echoing"

@@ -9,7 +9,9 @@
 
 Workers, prefetching and their checkpoints come from ``torchdata``'s ``StatefulDataLoader``;
 each worker runs a :mod:`dataecho.loader.pipeline` (read, echo, shuffle, augment, batch) and
-batch echoing runs in the main process on the batches the workers deliver.
+batch echoing runs in the main process on the batches the workers deliver: on the host
+(``where="batch"``) or on the training device after one copy there (``where="device"``, see
+:mod:`dataecho.loader.device`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
-from dataecho.loader.epoch_iterator import EpochIterator, WeakCall
+from dataecho.loader.device import DeviceTransform, ToDevice, resolve_device
+from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
 from dataecho.loader.length import epoch_batches
 from dataecho.loader.lifetime import DieWithParent
 from dataecho.loader.options import (
@@ -46,7 +49,13 @@ from dataecho.loader.reading import data_parallel_rank, is_map_style, is_statefu
 from dataecho.loader.snapshots import snapshot_interval
 from dataecho.loader.workers import WorkersNode
 from dataecho.stages import EchoStats, Shuffle
-from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE, derive_seed, resolve_seed
+from dataecho.stages.seeds import (
+    STAGE_ECHO,
+    STAGE_SHUFFLE,
+    STAGE_TRANSFORM,
+    derive_seed,
+    resolve_seed,
+)
 
 
 class EchoingDataLoader:
@@ -72,15 +81,18 @@ class EchoingDataLoader:
     ranks                  without a ``sampler``, each rank reads its own share (rank from an
                            initialised process group, else ``RANK``/``WORLD_SIZE``); with one
                            (``DistributedSampler``), the sampler's share, never split again
+    ``pin_memory``         with ``where="device"`` on CUDA, on whatever is passed: each fresh
+                           batch is copied from pinned memory to ``device`` once, and echoed
+                           there (:mod:`dataecho.loader.device`)
     several iterators      a new ``iter()`` ends the previous one: its ``next()`` raises
                            ``RuntimeError`` (the state belongs to one epoch at a time)
     =====================  ==================================================================
 
     Echo args (keyword-only): each of :class:`~dataecho.loader.options.LoaderOptions`' fields
     (``echo_factor``, ``max_echo_factor``, ``reuse_buffer``, ``reuse_policy``, ``where``,
-    ``shuffle_buffer``, ``transform``, ``batch_transform``, ``copy``, ``read_ahead``), with the
-    meaning and default its help gives; None (the default here) takes that default. Or pass
-    them all at once:
+    ``shuffle_buffer``, ``transform``, ``batch_transform``, ``copy``, ``read_ahead``,
+    ``device``, ``device_transform``), with the meaning and default its help gives; None (the
+    default here) takes that default. Or pass them all at once:
 
         options: a :class:`~dataecho.loader.options.LoaderOptions`, instead of the echo
             keywords. ``batch_size``, ``shuffle`` and ``drop_last`` then come from it; given
@@ -123,13 +135,16 @@ class EchoingDataLoader:
         seed: int | None = None,
         copy: bool | None = None,
         read_ahead: int | None = None,
+        device: str | torch.device | None = None,
+        device_transform: Callable[..., Any] | None = None,
         snapshot_every_n_steps: int | None = None,
         options: LoaderOptions | None = None,
     ) -> None:
         echo = dict(echo_factor=echo_factor, max_echo_factor=max_echo_factor,
                     reuse_buffer=reuse_buffer, reuse_policy=reuse_policy, where=where,
                     shuffle_buffer=shuffle_buffer, transform=transform,
-                    batch_transform=batch_transform, copy=copy, read_ahead=read_ahead)  # fmt: skip
+                    batch_transform=batch_transform, copy=copy, read_ahead=read_ahead,
+                    device=device, device_transform=device_transform)  # fmt: skip
         if options is None:
             check_dataloader_arguments(
                 dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers
@@ -176,9 +191,13 @@ class EchoingDataLoader:
         self.prefetch_factor = prefetch_factor
         if snapshot_every_n_steps is None:
             snapshot_every_n_steps = snapshot_interval(opts, self.num_workers, prefetch_factor)
+        # where="device": the device batches are echoed on (checked here, where it must exist).
+        self._device = resolve_device(opts.device) if opts.where == "device" else None
+        # The copies to CUDA read pinned memory, pinned by the inner loader's own thread.
+        pin = pin_memory or (self._device is not None and self._device.type == "cuda")
         self._pipeline = PipelineDataset(dataset, opts, self.collate_fn)
         # Pinning happens before our main-process code sees a batch: keep tensors for it.
-        self._pipeline.pipe_small_batches = not pin_memory
+        self._pipeline.pipe_small_batches = not pin
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
             warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -187,7 +206,7 @@ class EchoingDataLoader:
                 batch_size=None,
                 num_workers=self.num_workers,
                 collate_fn=unwrap_identity,
-                pin_memory=pin_memory,
+                pin_memory=pin,
                 timeout=timeout,
                 worker_init_fn=DieWithParent(worker_init_fn),
                 multiprocessing_context=multiprocessing_context,
@@ -260,9 +279,9 @@ class EchoingDataLoader:
         self._current = weakref.ref(it)
         return it
 
-    def _start_epoch(self) -> tuple[BaseNode[Any], WorkersNode, Any, list[Any]]:
-        """Start the epoch: its chain, workers node, adaptive reader, and a first batch already
-        taken (a resumed epoch's, or none)."""
+    def _start_epoch(self) -> EpochStart:
+        """Start the epoch: its chain, workers node, the stage that counts fresh batches handed
+        out (or None), its count so far, and a first batch already taken (a resumed one)."""
         self._dropped = None
         resume, self._resume = self._resume, None
         if resume is None:
@@ -270,10 +289,11 @@ class EchoingDataLoader:
         self._prepare_epoch(resume)
         root, workers, reader = self._build_root()
         root.reset(resume["root"] if resume else None)
+        settled = reader.stats.fresh_items if reader is not None else 0
         if resume is None:
-            return root, workers, reader, []
+            return EpochStart(root, workers, reader, settled, [])
         try:
-            return root, workers, reader, [next(root)]
+            return EpochStart(root, workers, reader, settled, [next(root)])
         except StopIteration:
             # Resumed after the epoch's last batch (a framework that stops at len(loader) never
             # sees the end): the rest is empty, so go on with the next epoch, as
@@ -297,8 +317,11 @@ class EchoingDataLoader:
             pipeline.indices = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
 
     def _build_root(self) -> tuple[BaseNode[Any], WorkersNode, Any]:
-        """The main-process chain, its workers node, and the adaptive stage reading ahead."""
+        """The main-process chain, its workers node, and the stage whose fresh batches count
+        once handed on (one reading ahead of the consumer), else None."""
         opts = self.options
+        if opts.where == "device":
+            return self._build_device_root()
         batch_auto = opts.where == "batch" and opts.adaptive
         workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=batch_auto)
         if opts.where != "batch":
@@ -313,6 +336,32 @@ class EchoingDataLoader:
                 node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE)
             )
         return node, workers, reader
+
+    def _build_device_root(self) -> tuple[BaseNode[Any], WorkersNode, Any]:
+        """workers -> to the device -> echo stage -> shuffle -> device_transform on each copy."""
+        opts, device = self.options, self._device
+        assert device is not None
+        # Fresh batches may be read ahead of the consumer (the next copy in flight, or "auto"'s
+        # reader): their examples count once a stage hands them on.
+        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=True)
+        key = (self._epoch, MAIN_PROCESS)
+        node: BaseNode[Any] = ToDevice(workers, device, ahead=self._copies_ahead())
+        reader = node
+        if opts.echoes:
+            node = reader = echo_stage(node, opts, derive_seed(self.seed, *key, STAGE_ECHO))
+        if opts.shuffle_buffer > 1:
+            node = Shuffle(
+                node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE)
+            )
+        seed = derive_seed(self.seed, *key, STAGE_TRANSFORM)
+        return DeviceTransform(node, device, opts.device_transform, seed=seed), workers, reader
+
+    def _copies_ahead(self) -> bool:
+        """Whether the device chain keeps the next fresh batch's copy in flight: on CUDA, with
+        a fixed factor ("auto" reads on its own thread, which overlaps the copies already)."""
+        return (
+            self._device is not None and self._device.type == "cuda" and not self.options.adaptive
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly here: epoch, pipeline positions, RNGs, counts.

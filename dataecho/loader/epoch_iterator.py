@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
@@ -32,6 +32,16 @@ class WeakCall:
             getattr(obj, self._method)(*args)
 
 
+class EpochStart(NamedTuple):
+    """What starting an epoch gives its iterator."""
+
+    root: BaseNode[Any]
+    workers: WorkersNode
+    reader: Any  # the stage whose fresh batches count once handed on (see WorkersNode), or None
+    settled: int  # the reader's fresh batches already counted (a resumed epoch's)
+    first: list[Any]  # a first batch already taken (a resumed epoch's), or none
+
+
 class EpochIterator:
     """One epoch's iterator: times the consumer's waits and counts what it hands out.
 
@@ -44,7 +54,7 @@ class EpochIterator:
     def __init__(
         self,
         stats: EchoStats,
-        start: Callable[[], tuple[BaseNode[Any], WorkersNode, Any, list[Any]]],
+        start: Callable[[], EpochStart],
         on_drop: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.stats = stats
@@ -76,13 +86,13 @@ class EpochIterator:
         if self.finished:
             raise StopIteration
         stats = self.stats
-        start = time.perf_counter()
+        start, worked = time.perf_counter(), self._work_seconds()
         try:
             if self._start is not None:
                 begin, self._start = self._start, None
-                self.root, self._workers, self._reader, self._first = begin()
-                if self._reader is not None:
-                    self._settled = self._reader.stats.fresh_items
+                epoch = begin()
+                self.root, self._workers, self._reader = epoch.root, epoch.workers, epoch.reader
+                self._settled, self._first = epoch.settled, epoch.first
             batch = self._first.pop() if self._first else next(self.root)
         except StopIteration:
             self.finished = True
@@ -94,7 +104,9 @@ class EpochIterator:
             self.close()
             raise
         finally:
-            stats.wait_seconds += time.perf_counter() - start
+            # Work the training thread did on the batch (a device transform) is no wait.
+            worked = self._work_seconds() - worked
+            stats.wait_seconds += time.perf_counter() - start - worked
         if self._reader is not None:
             handed = self._reader.stats.fresh_items
             self._workers.settle(handed - self._settled)
@@ -102,6 +114,9 @@ class EpochIterator:
         stats.batches += 1
         stats.examples_out += batch_length(batch)
         return batch
+
+    def _work_seconds(self) -> float:
+        return getattr(self.root, "work_seconds", 0.0) if self.root is not None else 0.0
 
     def supersede(self) -> None:
         """A newer iterator took over: this one ends (see :meth:`__next__`)."""

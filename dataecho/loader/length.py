@@ -69,7 +69,7 @@ def epoch_batches(loader: Any, epoch: int) -> int:
     """Batches ``loader`` (an ``EchoingDataLoader``) yields in ``epoch``."""
     opts: LoaderOptions = loader.options
     shares = _shares(loader)
-    if opts.where == "batch":
+    if opts.batch_level:  # whole batches echoed in the main process
         fresh = sum(_batches(n, opts.batch_size, opts.drop_last) for n in shares)
         return _copies(fresh, opts, derive_seed(loader.seed, epoch, MAIN_PROCESS, STAGE_ECHO))
     rank, _ = data_parallel_rank()

@@ -7,15 +7,21 @@ every check once. A field left None takes a default derived from the others, nam
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+import torch
+
 from dataecho._validate import Bool, Check, Choice, EchoFactor, Int, OptionalCallable, Real
 from dataecho.loader.reading import is_map_style
 
-WHERE_CHOICES = ("before_augment", "after_augment", "batch")
+WHERE_CHOICES = ("before_augment", "after_augment", "batch", "device")
+# Insertion points whose echo stage repeats whole batches, in the training process.
+BATCH_LEVEL = ("batch", "device")
+DEFAULT_DEVICE = "cpu"  # where="device" without device=: the same code path, on the host
 REUSE_POLICIES = ("uniform", "latest", "fewest")
 AUTO = "auto"
 # The most batches a worker keeps in flight by default: a huge echo factor would otherwise
@@ -25,6 +31,35 @@ MAX_PREFETCH = 32
 
 def _setting(check: Check, help: str, default: Any = MISSING) -> Any:
     return field(default=default, metadata={"check": check, "help": help})
+
+
+class DeviceName(Check):
+    """A torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``), kept as its
+    name so the options stay plain values; or None."""
+
+    none = "default"
+    metavar = "DEVICE"
+
+    def describe(self) -> str:
+        return "a torch device such as 'cpu', 'cuda' or 'cuda:1'"
+
+    def check(self, name: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, torch.device):
+            return str(value)
+        if not isinstance(value, str):
+            raise TypeError(
+                f"{name} must be {self.describe()} (or a torch.device), got {value!r} of type "
+                f"{type(value).__name__}; pass e.g. {name}='cuda'"
+            )
+        try:
+            return str(torch.device(value))
+        except RuntimeError:
+            raise ValueError(
+                f"{name} must be {self.describe()}, got {value!r}; pass e.g. {name}='cuda' "
+                f"(the training GPU) or {name}='cpu'"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -49,7 +84,7 @@ class LoaderOptions:
     reuse_buffer: int | None = _setting(
         Int(1, none="default", hint="the number of recent fresh items 'auto' may reuse"),
         "with echo factor 'auto': how many recent fresh items a copy may be drawn from "
-        "(default: one batch of examples, or 1 batch for where=batch)",
+        "(default: one batch of examples, or 1 batch for where=batch or device)",
         None,
     )
     reuse_policy: str | None = _setting(
@@ -62,12 +97,14 @@ class LoaderOptions:
     where: str = _setting(
         Choice(WHERE_CHOICES),
         "insertion point of the echo stage: before_augment (each copy augmented on its own), "
-        "after_augment (identical copies) or batch (whole batches repeat)",
+        "after_augment (identical copies), batch (whole batches repeat) or device (whole "
+        "batches repeat on the training device after one host-to-device copy, each copy "
+        "augmented there by device_transform)",
         "before_augment",
     )
     shuffle_buffer: int = _setting(
         Int(0, hint="use 0 for no post-echo shuffling"),
-        "post-echo shuffle buffer in examples (batches for where=batch); 0 or 1 = none",
+        "post-echo shuffle buffer in examples (batches for where=batch or device); 0 or 1 = none",
         0,
     )
     transform: Callable[[Any], Any] | None = _setting(
@@ -102,6 +139,19 @@ class LoaderOptions:
         "at a fixed factor, else 0)",
         None,
     )  # fmt: skip
+    device: str | None = _setting(
+        DeviceName(),
+        "with where=device: the device batches are echoed on, e.g. 'cuda' (default: 'cpu', "
+        "the same code path in the training process; pass the training GPU to echo there)",
+        None,
+    )
+    device_transform: Callable[..., Any] | None = _setting(
+        OptionalCallable("batch"),
+        "with where=device: augmentation of every copy on the device, called as "
+        "fn(batch, generator=g) with a torch.Generator on the device, seeded from the "
+        "pipeline seed and checkpointed (e.g. dataecho.augment.ShiftFlip()), or None",
+        None,
+    )
     # The fields left None whose default was derived here: a copy made with ``with_changes``
     # derives them again from its own values.
     _derived: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
@@ -110,6 +160,11 @@ class LoaderOptions:
     def adaptive(self) -> bool:
         """True for ``echo_factor="auto"``."""
         return self.echo_factor == AUTO
+
+    @property
+    def batch_level(self) -> bool:
+        """True where the echo stage repeats whole batches (where="batch" or "device")."""
+        return self.where in BATCH_LEVEL
 
     @property
     def echoes(self) -> bool:
@@ -121,7 +176,7 @@ class LoaderOptions:
         for f in fields(self):
             if "check" in f.metadata:
                 set_(self, f.name, f.metadata["check"].check(f.name, getattr(self, f.name)))
-        batches = self.where == "batch"
+        batches = self.batch_level
         derived = {
             "reuse_buffer": 1 if batches else self.batch_size,
             # Examples: copies spread evenly over the buffer, as a fixed factor spreads them.
@@ -129,15 +184,37 @@ class LoaderOptions:
             # "auto" reads ahead on its own; batch echoing leaves the worker's work as without.
             "read_ahead": self.batch_size if self.echoes and not (self.adaptive or batches) else 0,
         }
+        if self.where == "device":
+            derived["device"] = DEFAULT_DEVICE
         taken = frozenset(name for name in derived if getattr(self, name) is None)
         for name in taken:
             set_(self, name, derived[name])
         set_(self, "_derived", taken)
+        self._check_device_fields()
         if self.batch_transform is not None and self.where == "after_augment":
             raise ValueError(
                 "batch_transform runs after batching, so with where='after_augment' the echoed "
                 "copies would be augmented apart; pass the augmentation as transform= (per "
                 "example) for identical copies, or use where='before_augment'"
+            )
+
+    def _check_device_fields(self) -> None:
+        if self.where == "device":
+            if self.device_transform is not None:
+                check_takes_generator(self.device_transform)
+            return
+        if self.device is not None:
+            raise ValueError(
+                f"device={self.device!r} applies to where='device' only (the echo stage runs "
+                f"on that device), but where={self.where!r}; pass where='device' to echo on "
+                f"{self.device!r}, or drop device= (batches stay on the host)"
+            )
+        if self.device_transform is not None:
+            raise ValueError(
+                f"device_transform={self.device_transform!r} augments each copy on the "
+                f"device, only with where='device', but where={self.where!r}; pass "
+                "where='device' (and device='cuda' or 'cpu'), or pass the augmentation as "
+                "batch_transform= (run in the workers)"
             )
 
     def as_given(self) -> dict[str, Any]:
@@ -164,6 +241,24 @@ def _document(cls: type) -> None:
 _document(LoaderOptions)
 
 
+def check_takes_generator(fn: Callable[..., Any]) -> None:
+    """Refuse a ``device_transform`` that cannot be called as ``fn(batch, generator=g)``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    if any(p.name == "generator" and p.kind is not p.POSITIONAL_ONLY for p in params):
+        return
+    raise TypeError(
+        f"device_transform={fn!r} takes no generator= argument: it is called as "
+        "fn(batch, generator=g) so its random draws are seeded and resumed with the loader; "
+        "add a generator=None parameter and draw from it (e.g. torch.rand(..., generator="
+        "generator)), or use an op of dataecho.augment"
+    )
+
+
 def default_prefetch(opts: LoaderOptions) -> int:
     """Batches each worker keeps in flight by default (DataLoader's is 2).
 
@@ -174,7 +269,7 @@ def default_prefetch(opts: LoaderOptions) -> int:
     time that a run without echoing hides. Capped, since a huge factor would hold that many
     batches in memory.
     """
-    if opts.where == "batch" or opts.adaptive:
+    if opts.batch_level or opts.adaptive:
         return 2
     return min(2 * math.ceil(opts.echo_factor), MAX_PREFETCH)
 

@@ -39,13 +39,13 @@ SEND_ONCE_BYTES = 64 * 1024  # state tensors at least this large leave the worke
 def snapshot_interval(opts: LoaderOptions, num_workers: int, prefetch_factor: int | None) -> int:
     """The default ``snapshot_every_n_steps``: about one packed buffer per buffer's worth of
     batches (see the module docstring). A resume replays at most this many batches."""
-    if opts.adaptive and opts.where != "batch" and num_workers:
+    if opts.adaptive and not opts.batch_level and num_workers:
         # "auto" in a worker decides by timing, so a replay from an older snapshot would not
         # repeat its reuse decisions: the resumed stream would repeat some examples and skip
         # others. One snapshot per batch keeps the resume exact.
         return 1
     # Batch echoing shuffles whole batches in the training process; workers buffer nothing.
-    buffered = 0 if opts.where == "batch" else opts.shuffle_buffer
+    buffered = 0 if opts.batch_level else opts.shuffle_buffer
     per_buffer = max(1, buffered // opts.batch_size)
     if num_workers == 0 or buffered < CHEAP_BUFFER:
         return per_buffer

@@ -1,0 +1,254 @@
+"""Echoing on the training device (``where="device"``): one host-to-device copy per fresh batch.
+
+The main-process chain is workers -> :class:`ToDevice` -> echo stage (fixed or ``"auto"``,
+batch level; ``copy=True`` clones on the device) -> optional shuffle -> :class:`DeviceTransform`.
+The workers read, decode, augment and batch exactly as without echoing; every copy is made,
+and augmented with its own random draws, on the device.
+
+On CUDA, :class:`ToDevice` copies from pinned host memory (the inner loader pins in its own
+thread) with ``non_blocking`` copies on a side stream. Read on the training thread (a fixed
+factor) it keeps the next fresh batch's copy in flight while the current one is echoed, and the
+training stream waits for a copy (``wait_event`` on the copy's event: the GPU waits, not the
+host) only when the batch is handed over. Read by ``"auto"``'s reader thread it waits for each
+copy to land on that thread instead, so a batch counts as arrived only once it is on the device
+and the training thread never blocks on a transfer. Each copied tensor is ``record_stream``-ed
+on the training stream, so the caching allocator does not hand its memory to the next copy
+while training still reads it. This CUDA path has not been run on a GPU yet; the CPU device
+runs the same nodes, with plain pass-through moves (``tests/test_device.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchdata.nodes import BaseNode
+
+from dataecho.loader.options import check_takes_generator
+from dataecho.stages import EchoStats, copy_item
+
+
+def resolve_device(name: str) -> torch.device:
+    """``name`` as a ``torch.device`` this machine has, or a clear error naming the fix."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={name!r}, but CUDA is not available here (torch.cuda.is_available() "
+                "is False); pass device='cpu' to echo in the training process, or run where "
+                "the GPU is"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"device={name!r}, but this machine has {count} CUDA device(s) (cuda:0.."
+                f"cuda:{count - 1}); pass one of those"
+            )
+        if device.index is None:  # the one "cuda" means now, as tensors on it will name it
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``batch`` with ``fn`` applied to each tensor in it (tuples, named tuples, lists and dicts
+    rebuilt with their types; other leaves kept as they are)."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, tuple):
+        items = [map_tensors(x, fn) for x in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if isinstance(batch, list):
+        return [map_tensors(x, fn) for x in batch]
+    if isinstance(batch, dict):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    return batch
+
+
+def tensors_of(batch: Any) -> list[torch.Tensor]:
+    """The tensors in ``batch``, in order."""
+    found: list[torch.Tensor] = []
+    map_tensors(batch, lambda t: found.append(t) or t)
+    return found
+
+
+def to_host(state: Any) -> Any:
+    """``state`` with its device tensors copied to host memory: a checkpoint that loads on any
+    machine. Host tensors are kept as they are."""
+    return map_tensors(state, lambda t: t if t.device.type == "cpu" else t.cpu())
+
+
+def on_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor on ``device`` (those already there unchanged)."""
+    return map_tensors(batch, lambda t: t if t.device == device else t.to(device))
+
+
+class _InFlight:
+    """A batch whose copy to the device was issued, and the event that marks its landing."""
+
+    __slots__ = ("batch", "landed")
+
+    def __init__(self, batch: Any, landed: torch.cuda.Event | None) -> None:
+        self.batch, self.landed = batch, landed
+
+
+class ToDevice(BaseNode[Any]):
+    """Moves each fresh batch of ``source`` to ``device`` once; see the module docstring.
+
+    ``ahead``: keep the next batch's copy in flight while the current one is used (default:
+    on CUDA, when not read by a reader thread of its own). Its state is then the source's
+    before that batch was read, so a resume reads it again rather than losing it; read ahead,
+    its fresh examples wait in the workers node until a downstream stage counts them handed.
+    ``stats.fresh_items`` counts the batches handed downstream.
+    """
+
+    def __init__(self, source: BaseNode[Any], device: torch.device, *, ahead: bool) -> None:
+        super().__init__()
+        self.source = source
+        self.device = device
+        self.ahead = ahead
+        self.stats = EchoStats(unit="batches")
+        cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=device) if cuda else None
+        self._consumer_stream: Any = None
+        self._consumer_thread = 0
+        self._next: _InFlight | None = None  # read ahead, its copy in flight
+        self._before_next: Any = None  # the source's state before _next was read
+        self._ended = False  # the source ended; nothing more is read this epoch
+        self._started = False  # the source was reset this epoch
+        self._saved: Any = None  # the source's state as resumed
+        self._failure: Exception | None = None  # raised by the read ahead, due next
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        # Called on the training thread as its epoch starts: the stream it trains on.
+        self._consumer_thread = threading.get_ident()
+        if self._stream is not None:
+            self._consumer_stream = torch.cuda.current_stream(self.device)
+        self._next, self._before_next, self._failure = None, None, None
+        self._ended = bool(initial_state and initial_state.get("ended"))
+        self._saved = initial_state["source"] if initial_state else None
+        self._started = not self._ended  # an ended epoch reads nothing more
+        if self._started:
+            self.source.reset(self._saved)
+
+    def next(self) -> Any:
+        current = self._next if self._next is not None else self._read()
+        self._next = None
+        if self.ahead and not self._ended and self._failure is None:
+            self._before_next = self.source.state_dict()
+            try:
+                self._next = self._read()
+            except StopIteration:
+                pass  # _read marked the end; ``current`` is the last batch
+            except Exception as error:  # raised after ``current``, as read in step it would be
+                self._failure = error
+        self.stats.fresh_items += 1
+        self.stats.items_out += 1
+        return self._land(current)
+
+    def _read(self) -> _InFlight:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        if self._ended:
+            raise StopIteration
+        try:
+            batch = next(self.source)
+        except StopIteration:
+            self._ended = True
+            raise
+        if self._stream is None:  # no stream to overlap on: a plain (synchronous) move
+            return _InFlight(on_device(batch, self.device), None)
+        with torch.cuda.stream(self._stream):
+            # Pinned by the inner loader; a tensor that is not is pinned here first.
+            moved = map_tensors(batch, self._copy)
+            landed = torch.cuda.Event()
+            landed.record(self._stream)
+        return _InFlight(moved, landed)
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "cpu" and not t.is_pinned():
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
+    def _land(self, flight: _InFlight) -> Any:
+        """The batch, safe to use on the training stream."""
+        if flight.landed is None:
+            return flight.batch
+        stream = self._consumer_stream
+        if threading.get_ident() == self._consumer_thread:
+            stream.wait_event(flight.landed)  # the GPU waits for the copy, not the host
+        else:
+            flight.landed.synchronize()  # a reader thread: arrived once it is on the device
+        for t in tensors_of(flight.batch):
+            if t.device.type == "cuda":
+                t.record_stream(stream)  # freed only once the training stream is done with it
+        return flight.batch
+
+    def get_state(self) -> dict[str, Any]:
+        if self._next is not None:  # the batch read ahead is read again on resume
+            return {"source": copy_item(self._before_next), "ended": False}
+        if not self._started:  # resumed at the end: the source was never restored
+            return {"source": self._saved, "ended": True}
+        return {"source": self.source.state_dict(), "ended": self._ended}
+
+    def close(self) -> None:
+        self._next = None
+
+
+class DeviceTransform(BaseNode[Any]):
+    """Applies ``fn(batch, generator=g)`` to every copy (None: none), with ``g`` a
+    ``torch.Generator`` on ``device`` seeded with ``seed``; its state is checkpointed, so a
+    resume draws exactly what the uninterrupted run drew.
+
+    It is the root of the device chain: it also puts on the device any tensor that a resume
+    brought back from a checkpoint (:meth:`get_state` keeps every state tensor in host memory,
+    so a checkpoint loads anywhere). ``work_seconds``: time spent in ``fn``, which is work of
+    the training thread, not a wait for data.
+    """
+
+    def __init__(
+        self,
+        source: BaseNode[Any],
+        device: torch.device,
+        fn: Callable[..., Any] | None,
+        *,
+        seed: int,
+    ) -> None:
+        super().__init__()
+        if fn is not None:
+            check_takes_generator(fn)
+        self.source = source
+        self.device = device
+        self.fn = fn
+        self.seed = int(seed)
+        self.generator = torch.Generator(device=device)
+        self.work_seconds = 0.0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is None:
+            self.source.reset(None)
+            self.generator.manual_seed(self.seed)
+        else:
+            self.source.reset(initial_state["source"])
+            self.generator.set_state(initial_state["generator"])
+
+    def next(self) -> Any:
+        batch = on_device(next(self.source), self.device)
+        if self.fn is None:
+            return batch
+        start = time.perf_counter()
+        try:
+            return self.fn(batch, generator=self.generator)
+        finally:
+            self.work_seconds += time.perf_counter() - start
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "source": to_host(self.source.state_dict()),
+            "generator": self.generator.get_state(),
+        }
