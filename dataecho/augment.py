@@ -207,6 +207,32 @@ class RandomResizedCrop:
         return height, width
 
 
+class Normalize:
+    """``(x - mean) / std`` as float32, reading uint8 as 0..255 and floats as already 0..1.
+
+    No randomness: ``generator`` is accepted for the common interface and not used. Put it
+    after the shifts and crops, so that their zero padding is black before normalising, as the
+    host-side augmentation does.
+    """
+
+    def __init__(self, mean: float, std: float) -> None:
+        if not isinstance(std, numbers.Real) or not 0 < std < float("inf"):
+            raise AugmentError(f"std must be a finite number > 0, got {std!r}; e.g. std=0.35")
+        if not isinstance(mean, numbers.Real) or not abs(mean) < float("inf"):
+            raise AugmentTypeError(f"mean must be a finite number, got {mean!r}; e.g. mean=0.29")
+        self.mean, self.std = float(mean), float(std)
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean:g}, std={self.std:g})"
+
+    def __call__(self, batch: Any, generator: torch.Generator | None = None) -> Any:
+        return _on_inputs(batch, self._normalize, self, generator)
+
+    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 / self.std / (255.0 if images.dtype == torch.uint8 else 1.0)
+        return images.to(torch.float32).mul(scale).sub_(self.mean / self.std)
+
+
 class Compose:
     """``ops`` applied in order to a batch, each drawing from the same generator."""
 
@@ -317,4 +343,11 @@ def _range(name: str, value: object, *, upper: float, fix: str) -> tuple[float, 
     return low, high
 
 
-__all__ = ["AugmentError", "AugmentTypeError", "Compose", "RandomResizedCrop", "ShiftFlip"]
+__all__ = [
+    "AugmentError",
+    "AugmentTypeError",
+    "Compose",
+    "Normalize",
+    "RandomResizedCrop",
+    "ShiftFlip",
+]

@@ -269,3 +269,44 @@ def test_a_generator_of_the_wrong_kind_is_a_clear_error():
 
 def test_the_module_is_public_on_the_package():
     assert "augment" in dataecho.__all__ and dataecho.augment.ShiftFlip is ShiftFlip
+
+
+# --- Normalize ------------------------------------------------------------------------------
+
+
+def test_normalize_matches_the_host_side_normalisation_for_uint8_and_float():
+    from dataecho.app.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, normalize
+
+    images = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
+    op = dataecho.augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)
+    out = op(images)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, normalize(images))
+    torch.testing.assert_close(op(images.float() / 255), normalize(images))
+    labels = torch.arange(4)
+    pair = op((images, labels))
+    assert pair[1] is labels
+    torch.testing.assert_close(pair[0], out)
+
+
+def test_shift_flip_then_normalize_equals_the_demo_augmentation():
+    from dataecho.app.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, Augment
+
+    images = torch.randint(0, 256, (16, 1, 28, 28), dtype=torch.uint8)
+    device_side = dataecho.augment.Compose(
+        [
+            dataecho.augment.ShiftFlip(2),
+            dataecho.augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        ]
+    )
+    torch.manual_seed(5)
+    host = Augment(pad=2)(images)
+    out = device_side(images, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(out, host)
+
+
+@pytest.mark.parametrize(("mean", "std", "message"), [(0.0, 0.0, "std must be"),
+                                                      (float("nan"), 1.0, "mean must be")])  # fmt: skip
+def test_normalize_refuses_bad_statistics(mean, std, message):
+    with pytest.raises(ValueError if "std" in message else TypeError, match=message):
+        dataecho.augment.Normalize(mean, std)

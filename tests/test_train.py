@@ -170,6 +170,22 @@ def test_resume_in_memory_with_a_worker_echo_and_shuffle_buffer_is_exact(tiny, t
     resumed_equals_uninterrupted(cfg, tmp_path / "ck", stop=23, every=10)
 
 
+def test_device_echo_resumes_exactly_with_its_augmentation_draws(tiny, tmp_path):
+    # The worker sends batches as read (uint8); each copy is shifted, flipped and normalised
+    # in the training process, from a generator the checkpoint carries.
+    cfg = tiny(num_workers=1, echo_factor=3, where="device", budget=1536, max_steps=48)
+    resumed_equals_uninterrupted(cfg, tmp_path / "ck", stop=17, every=8)
+
+
+def test_device_echo_trains_like_the_worker_side_augmentation(tiny):
+    host = train(tiny(echo_factor=2, budget=2048), log=quiet)
+    device = train(tiny(echo_factor=2, where="device", budget=2048), log=quiet)
+    assert abs(device.steps - host.steps) <= 2  # copies per batch, not per example
+    assert abs(device.fresh_examples - host.fresh_examples) <= 64
+    assert device.losses[0] == pytest.approx(host.losses[0], rel=0.2)  # same normalisation
+    assert device.test_accuracy > 0.5 and abs(device.test_accuracy - host.test_accuracy) < 0.1
+
+
 def test_checkpoints_hold_the_whole_run_and_rotate(tiny, tmp_path):
     cfg = tiny(checkpoint_dir=tmp_path, checkpoint_every=5, keep_checkpoints=2, max_steps=12)
     r = train(cfg, log=quiet)

@@ -37,13 +37,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
-from dataecho import _validate
+from dataecho import _validate, augment
 from dataecho.app.config import TrainConfig
 from dataecho.app.sources import shards
 from dataecho.app.sources.fashion_mnist import DataNotFoundError, FashionMNIST, load_split
 from dataecho.app.sources.retrying import UpstreamError
 from dataecho.app.sources.throttled import Throttled
-from dataecho.app.workloads.augment import Augment, normalize
+from dataecho.app.workloads.augment import (
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    Augment,
+    normalize,
+)
 
 DATASETS = ("fashion-mnist", "austen")
 _KIND = {"cnn": "image", "char-lm": "tokens"}  # the shard kind each workload trains on
@@ -59,6 +64,8 @@ class Data:
             after augmentation: the copies must be identical).
         batch_transform: per-batch transform (cnn augmentation otherwise: each example of a
             batch drawn on its own in one call, much cheaper than a call per example).
+        device_transform: with ``where="device"``, the cnn augmentation of every copy on the
+            device (the worker then sends the batch as read, uint8).
         eval_set: ``(inputs, targets)`` for the periodic evaluations: ``eval_examples`` of them.
         final_set: the whole test (cnn) or validation (char-lm) split, for the last evaluation.
         identity: names the training data exactly; a checkpoint resumes only on the same.
@@ -74,6 +81,7 @@ class Data:
     description: str
     vocab_size: int | None = None
     batch_transform: Any = None
+    device_transform: Any = None
 
     def set_epoch(self, epoch: int) -> None:
         """Pick the shard order of ``epoch`` (shards are read in a new seeded order each epoch)."""
@@ -116,11 +124,21 @@ def build_data(cfg: TrainConfig) -> Data:
         train, identity, description = _shards(cfg)
         if cfg.workload == "char-lm":
             transform = SplitChunk(cfg.seq_len)
-    batch_transform = None
-    if cfg.workload == "cnn" and cfg.where != "after_augment":
+    batch_transform = device_transform = None
+    if cfg.workload == "cnn" and cfg.where == "device":
+        transform, device_transform = None, device_augment(cfg.augment_pad)
+    elif cfg.workload == "cnn" and cfg.where != "after_augment":
         transform, batch_transform = None, transform
     return Data(train, transform, eval_set, final_set, identity, description, vocab,
-                batch_transform)  # fmt: skip
+                batch_transform, device_transform)  # fmt: skip
+
+
+def device_augment(pad: int) -> augment.Compose:
+    """The cnn augmentation as device ops: the same shift, flip and normalisation as
+    :class:`~dataecho.app.workloads.augment.Augment`, drawn per copy on the training device."""
+    return augment.Compose(
+        [augment.ShiftFlip(pad), augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)]
+    )
 
 
 def _in_memory(cfg: TrainConfig, novels: Any) -> tuple[Dataset, str, str]:

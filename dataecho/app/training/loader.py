@@ -14,6 +14,7 @@ def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
     options = cfg.loader.with_changes(
         transform=data.transform,
         batch_transform=data.batch_transform,
+        device_transform=data.device_transform,
         # An iterable upstream (shards) orders itself, as DataLoader requires.
         shuffle=is_map_style(data.train),
         drop_last=True,
