@@ -36,6 +36,7 @@ BENCHMARKS = {
         "benchmarks.memory",
         "bounded memory: RSS of a 30-minute stream through nginx, e=4, 1 worker",
     ),
+    "device": ("benchmarks.device", "echo on the training device vs host-side echo, e = 1-8"),
 }
 
 

@@ -1,0 +1,183 @@
+"""Section 1: the device path's batches and counts, checked against references.
+
+Each check is one row (name, passed, detail):
+
+- *order and content*: ``where="device"`` at a fixed integer factor e with a deterministic
+  device transform (:class:`~benchmarks.device.workload.Scale`) yields each batch of the
+  no-echo loader (same seed) e times in a row, transformed, and counts fresh = the dataset,
+  out = e x fresh.
+- *device vs CPU* (only when the device is not the CPU): the same loader on the device and on
+  ``device="cpu"``: equal batches (float tolerance) and equal counts. With the deterministic
+  transform: a random op draws from a generator on each device, and CUDA's (Philox) and the
+  CPU's (Mersenne Twister) give different numbers for one seed.
+- *fresh copies*: with the shift-and-flip op, the e copies of one fresh batch are all on the
+  device, pairwise different, and share no memory.
+- *reproducible*: two runs with the same seed give identical augmented batches.
+- *exact resume*: ``state_dict()`` taken mid-group (between copies of one fresh batch), loaded
+  into a new loader, gives the rest of the run bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from benchmarks.device.workload import LoaderSpec, PacedShapes, Scale, build_loader
+from dataecho import EchoingDataLoader
+
+Check = tuple[str, bool, str]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The small workload of the checks: ``fresh_batches`` batches of ``shape`` images."""
+
+    spec: LoaderSpec
+    shape: tuple[int, ...]
+    e: int = 3
+    fresh_batches: int = 5
+
+    def data(self) -> PacedShapes:
+        return PacedShapes(self.fresh_batches * self.spec.batch_size, self.shape, 0.0, 0.0)
+
+
+def _host(batch: Any) -> list[torch.Tensor]:
+    return [t.detach().to("cpu", copy=True) for t in batch]
+
+
+def _collect(loader: EchoingDataLoader, keep: Callable[[list[Any]], None] | None = None):
+    """Every batch of one epoch, copied to the host; ``keep`` sees each group of live copies."""
+    out = []
+    for batch in loader:
+        out.append(_host(batch))
+        if keep is not None:
+            keep(batch)
+    return out
+
+
+def _counts(loader: EchoingDataLoader) -> tuple[int, int, int]:
+    s = loader.stats
+    return s.fresh_items, s.items_out, s.batches
+
+
+def _same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]], exact: bool) -> str:
+    """'' when the two runs agree, else where they first differ."""
+    if len(a) != len(b):
+        return f"{len(a)} batches against {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        for part, (u, v) in enumerate(zip(x, y, strict=True)):
+            ok = (
+                torch.equal(u, v)
+                if exact or not u.is_floating_point()
+                else torch.allclose(u, v, rtol=1e-6, atol=1e-6)
+            )
+            if not ok:
+                return f"batch {i}, part {part} differs"
+    return ""
+
+
+def order_and_content(st: Setup) -> list[Check]:
+    """The order and content, counts and (off the CPU) device vs CPU rows."""
+    data, scale = st.data(), Scale()
+    plain = _collect(
+        build_loader(replace(st.spec, device=torch.device("cpu")), data, "host", 1, None)
+    )
+    expected = [_host(scale([b[0].clone(), b[1]])) for b in plain for _ in range(st.e)]
+    loader = build_loader(st.spec, data, "device", st.e, scale)
+    got = _collect(loader)
+    n = len(data)
+    counts = _counts(loader)
+    want = (n, st.e * n, st.e * len(plain))
+    diff = _same(got, expected, exact=False)
+    rows = [
+        ("order and content", not diff, diff or f"{len(got)} batches = {st.e} x {len(plain)}"),
+        (
+            "counts",
+            counts == want,
+            f"fresh, out, batches = {counts}; expected {want}; "
+            f"realized factor {loader.stats.realized_factor:g}",
+        ),
+    ]
+    if st.spec.device.type != "cpu":
+        on_cpu = build_loader(
+            replace(st.spec, device=torch.device("cpu")), data, "device", st.e, scale
+        )
+        ref = _collect(on_cpu)
+        diff = _same(got, ref, exact=False)
+        rows.append(
+            (
+                f"{st.spec.device.type} vs cpu",
+                not diff and counts == _counts(on_cpu),
+                diff or f"{len(got)} batches equal (tolerance 1e-6); counts {counts}",
+            )
+        )
+    return rows
+
+
+def fresh_copies(st: Setup, aug: Any) -> list[Check]:
+    """The fresh copies row: checked on each group of e live copies, as they come."""
+    group: list[Any] = []
+    problems: list[str] = []
+
+    def keep(batch: list[Any]) -> None:
+        group.append(batch)
+        if len(group) < st.e:
+            return
+        images = [b[0] for b in group]
+        if any(x.device.type != st.spec.device.type for x in images):
+            problems.append(f"a copy on {images[0].device}")
+        if len({x.untyped_storage().data_ptr() for x in images}) < len(images):
+            problems.append("copies share memory")
+        if any(torch.equal(images[i], images[j]) for i in range(st.e) for j in range(i)):
+            problems.append("two copies of one fresh batch are identical")
+        group.clear()
+
+    loader = build_loader(st.spec, st.data(), "device", st.e, aug)
+    got = _collect(loader, keep)
+    detail = "; ".join(sorted(set(problems))) or f"{len(got) // st.e} groups of {st.e} copies"
+    return [("fresh copies", not problems, detail)]
+
+
+def reproducible_and_resumed(st: Setup, aug: Any) -> list[Check]:
+    """The reproducible and exact resume rows, with the augmentation ``aug`` on the device."""
+    data = st.data()
+    first = _collect(build_loader(st.spec, data, "device", st.e, aug))
+    second = _collect(build_loader(st.spec, data, "device", st.e, aug))
+    rows = [
+        (
+            "reproducible",
+            not _same(first, second, exact=True),
+            _same(first, second, exact=True) or f"{len(first)} batches identical",
+        )
+    ]
+    stop = st.e + 1  # inside the second fresh batch's group of copies
+    loader = build_loader(st.spec, data, "device", st.e, aug)
+    it: Iterator[Any] = iter(loader)
+    head = [_host(next(it)) for _ in range(stop)]
+    state = loader.state_dict()
+    loader.close()
+    resumed = build_loader(st.spec, data, "device", st.e, aug)
+    resumed.load_state_dict(state)
+    tail = _collect(resumed)
+    diff = _same(head + tail, first, exact=True)
+    rows.append(("exact resume", not diff, diff or f"resumed after batch {stop}: identical"))
+    return rows
+
+
+def run(st: Setup, aug: Any) -> list[Check]:
+    """Every check, in order; a check that raises is a failed row naming the error."""
+    checks: list[tuple[str, Callable[[], list[Check]]]] = [
+        ("order and content", lambda: order_and_content(st)),
+        ("fresh copies", lambda: fresh_copies(st, aug)),
+        ("reproducible", lambda: reproducible_and_resumed(st, aug)),
+    ]
+    rows: list[Check] = []
+    for name, check in checks:
+        try:
+            rows += check()
+        except Exception as exc:  # a broken path is a finding of this section, not a crash
+            rows.append((name, False, f"{type(exc).__name__}: {exc}"))
+    return rows
