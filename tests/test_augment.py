@@ -155,3 +155,25 @@ def test_seeded_loader_augments_the_same_way_and_copies_differ():
     # Echoing before augmentation: the two copies of an example are augmented independently.
     differ = sum(not torch.equal(*images[labels == i]) for i in range(32))
     assert differ >= 24  # 50 variants: two equal draws are rare
+
+
+def test_draw_k_is_the_same_shift_and_flip_for_an_example_and_a_batch():
+    """Draw k means (flipped, dy, dx) = (k // 25, k // 5 % 5 - 2, k % 5 - 2) at pad=2, on both
+    paths: a seed picks the same augmentation whether examples or batches are augmented."""
+    images = random_image(13, (64, 1, 28, 28))
+    variants = [reference_variants(image, 2) for image in images]
+
+    def variant(k: int) -> tuple[int, int, bool]:
+        return (k // 5 % 5, k % 5, bool(k // 25))  # reference keys: padded offsets and the flip
+
+    torch.manual_seed(14)
+    draws = torch.randint(0, 50, (64,)).tolist()
+    torch.manual_seed(14)
+    batch = Augment(pad=2)(images)
+    for out, k, v in zip(batch, draws, variants, strict=True):
+        torch.testing.assert_close(out, v[variant(k)], rtol=0, atol=1e-6)
+    torch.manual_seed(15)
+    draws = [int(torch.randint(0, 50, ())) for _ in range(8)]
+    torch.manual_seed(15)
+    for image, k, v in zip(images, draws, variants, strict=False):
+        torch.testing.assert_close(Augment(pad=2)(image), v[variant(k)], rtol=0, atol=1e-6)

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import collections
+import io
 import json
 import logging
 import random
+import tarfile
 import warnings
 
 import numpy as np
 import pytest
 import torch
 from conftest import torch_roundtrip
+from PIL import Image
 from test_reliability_resume import damage_png
 
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
+from dataecho.app.sources.retrying import BadRecordError
 from dataecho.app.sources.shards import (
     MANIFEST,
     ShardDataset,
@@ -199,6 +203,28 @@ def test_bad_inputs_name_the_value_and_the_fix(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps({"format": "other", "version": 9}))
     with pytest.raises(ValueError, match="not a dataecho-webdataset-shards v1 manifest"):
         ShardDataset(tmp_path)
+
+
+def test_a_png_that_is_not_grayscale_is_a_bad_record_naming_its_mode(tmp_path, caplog):
+    images, labels = synthetic(3)
+    write_image_shards(images, labels, tmp_path)
+    shard = next(tmp_path.glob("*.tar"))
+    color = io.BytesIO()
+    Image.fromarray(np.zeros((28, 28, 3), np.uint8)).save(color, format="PNG")
+    members = []
+    with tarfile.open(shard) as tar:
+        for m in tar.getmembers():
+            data = tar.extractfile(m).read()
+            members.append((m, color.getvalue() if m.name == "00000001.png" else data))
+    with tarfile.open(shard, "w") as tar:
+        for m, data in members:
+            m.size = len(data)
+            tar.addfile(m, io.BytesIO(data))
+    with pytest.raises(BadRecordError, match="key '00000001'.*got a 28x28 image of mode RGB"):
+        list(ShardDataset(tmp_path))
+    kept = ShardDataset(tmp_path, on_bad_record="skip")
+    with quiet_skips(caplog):
+        assert [y for _, y in kept] == [labels[0], labels[2]] and kept.skipped == 1
 
 
 # --- bad records skipped: counted over every pass and worker ---------------------------------

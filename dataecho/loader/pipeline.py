@@ -147,7 +147,7 @@ class PipelineIterator:
             node = transform(echo_and_shuffle(node))
         elif opts.where == "after_augment":
             node = echo_and_shuffle(transform(node))
-        else:  # "batch": whole batches are echoed in the main process
+        else:  # "batch" or "device": whole batches are echoed in the main process
             node = transform(node)
         self._delivery = Delivery(
             Batcher(node, opts.batch_size, drop_last=False),
@@ -208,7 +208,7 @@ def echo_stage(
             copy=copy,
             # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
             # make it reuse while fresh examples are on their way, and hold the reader back.
-            queue_size=16 if opts.where == "batch" else max(16, 2 * opts.batch_size),
+            queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
         )
     return Echo(source, opts.echo_factor, seed=seed, copy=copy)
 

@@ -366,8 +366,17 @@ def _seconds(value: object, name: str, *, zero_ok: bool) -> float:
 
 def _decode_image(sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
     with Image.open(io.BytesIO(sample["png"]), formats=("PNG",)) as img:  # no format probing
-        array = np.array(img, dtype=np.uint8)  # a writable copy, (28, 28)
-    return torch.from_numpy(array).unsqueeze(0), int(sample["cls"])
+        if img.mode != "L":  # an RGB image would become a tensor of the wrong shape
+            raise ValueError(
+                f"expected a grayscale (mode L) PNG, got a {img.size[0]}x{img.size[1]} image of "
+                f"mode {img.mode}; write the shards from Fashion-MNIST with dataecho prepare"
+            )
+        width, height = img.size
+        # One copy of the pixels, writable so the tensor may be changed in place (numpy's
+        # array interface would copy them twice).
+        pixels = bytearray(img.tobytes())
+    array = np.frombuffer(pixels, dtype=np.uint8).reshape(1, height, width)
+    return torch.from_numpy(array), int(sample["cls"])
 
 
 def _decode_tokens(sample: dict[str, Any]) -> torch.Tensor:

@@ -14,8 +14,10 @@ when echoing before augmentation, so with echo factor e it costs e times as much
 example.
 
 A whole batch ``(B, C, H, W)`` is augmented in one call, each example with its own draw: one
-``randint`` for the batch and one gather instead of a call from Python for each example. That
-is what ``EchoingDataLoader``'s ``batch_transform`` is for.
+``randint`` for the batch, then the library's batched shift and flip
+(:class:`dataecho.augment.ShiftFlip`, which numbers the draws as the index maps here do) and one
+normalisation of the whole batch, instead of a call from Python for each example. That is what
+``EchoingDataLoader``'s ``batch_transform`` is for.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 
 from dataecho import _validate
+from dataecho.augment import ShiftFlip
 
 # Pixel mean and standard deviation of the Fashion-MNIST training images, on a 0..1 scale.
 FASHION_MNIST_MEAN = 0.2860
@@ -70,6 +73,7 @@ class Augment:
         # uint8 pixel value -> normalised float, so normalising is one gather.
         self._lut = ((np.arange(256) / 255.0 - self.mean) / self.std).astype(np.float32)
         self._tables: dict[tuple[int, ...], np.ndarray] = {}  # image shape -> index maps
+        self._shift_flip = ShiftFlip(self.pad, self.flip)
 
     def __call__(self, example: Any) -> Any:
         if isinstance(example, (tuple, list)):
@@ -84,31 +88,28 @@ class Augment:
                 f"{tuple(image.shape)}; add a channel axis with image.unsqueeze(-3)"
             )
         shape = tuple(image.shape[-3:])
+        if self.pad >= min(shape[1:]):
+            raise ValueError(
+                f"pad={self.pad} shifts the whole {shape[1:]} image out of view; "
+                f"use a pad below {min(shape[1:])} (2-4 is usual for 28x28)"
+            )
+        if image.dim() == 4:  # a batch: one draw each, then batched torch ops
+            draws = torch.randint(0, self._shift_flip.choices, (len(image),))
+            return normalize(self._shift_flip.apply(image, draws), self.mean, self.std)
         table = self._tables.get(shape)
         if table is None:
-            if self.pad >= min(shape[1:]):
-                raise ValueError(
-                    f"pad={self.pad} shifts the whole {shape[1:]} image out of view; "
-                    f"use a pad below {min(shape[1:])} (2-4 is usual for 28x28)"
-                )
             table = self._tables[shape] = _index_maps(shape, self.pad, self.flip)
-        if image.dim() == 3:  # one example: the cheapest path (see the module docstring)
-            flat = image.contiguous().numpy().ravel()
-            # One slot past the end holds a zero pixel: what every out-of-image read gets.
-            padded = np.zeros(flat.size + 1, flat.dtype)
-            padded[:-1] = flat
-            picked = padded.take(table[int(torch.randint(0, len(table), ()))])
-        else:
-            draws = torch.randint(0, len(table), (len(image),)).numpy()
-            flat = image.contiguous().numpy().reshape(len(image), -1)
-            padded = np.concatenate((flat, np.zeros((len(flat), 1), flat.dtype)), axis=1)
-            picked = np.take_along_axis(padded, table[draws], axis=1)
+        # One example: the cheapest path (see the module docstring).
+        flat = image.contiguous().numpy().ravel()
+        # One slot past the end holds a zero pixel: what every out-of-image read gets.
+        padded = np.zeros(flat.size + 1, flat.dtype)
+        padded[:-1] = flat
+        picked = padded.take(table[int(torch.randint(0, len(table), ()))])
         if image.dtype == torch.uint8:
             out = self._lut.take(picked)
         else:
             out = (picked.astype(np.float32) - self.mean) / self.std
-        c, h, w = image.shape[-3:]
-        return torch.from_numpy(out.reshape((-1, c, h, w) if image.dim() == 4 else (c, h, w)))
+        return torch.from_numpy(out.reshape(image.shape))
 
 
 def _index_maps(shape: tuple[int, ...], pad: int, flip: bool) -> np.ndarray:
