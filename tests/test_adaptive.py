@@ -20,8 +20,9 @@ import torch
 from conftest import SlowIterable, run_test_save_load_state, torch_roundtrip, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torchdata.nodes import BaseNode
 
-from dataecho.stages.adaptive import THREAD_PREFIX, AdaptiveEcho, adaptive_echo
+from dataecho.stages.adaptive import ANCHOR_EVERY, THREAD_PREFIX, AdaptiveEcho, adaptive_echo
 from dataecho.stages.packing import unpack
 
 pytestmark = pytest.mark.timeout(30)
@@ -385,6 +386,54 @@ def test_resume_is_exact_without_reuse():
     assert recorded == [list(range(12))] * 3
     gc.collect()
     assert wait_until(lambda: producer_threads() == [])
+
+
+class PositionNode(BaseNode):
+    """0..n-1 whose state is the position: a restore jumps there. Records every read."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n, self.position, self.reads = n, 0, []
+
+    def reset(self, initial_state=None) -> None:
+        super().reset(initial_state)
+        self.position = initial_state["position"] if initial_state else 0
+
+    def next(self) -> int:
+        if self.position >= self.n:
+            raise StopIteration
+        self.reads.append(self.position)
+        self.position += 1
+        return self.position - 1
+
+    def get_state(self) -> dict:
+        return {"position": self.position}
+
+
+def test_resume_across_anchors_is_exact_and_rereads_less_than_one_anchor_interval():
+    # The thread sends the source's state only with every ANCHOR_EVERY-th item: a resume
+    # restores the last one and reads past the items emitted after it, at every position.
+    n = 3 * ANCHOR_EVERY + 5
+    recorded = run_test_save_load_state(
+        lambda: adaptive_echo(list(range(n)), max_factor=1, queue_size=4, seed=0),
+        positions=[0, 1, ANCHOR_EVERY - 1, ANCHOR_EVERY, ANCHOR_EVERY + 7, 3 * ANCHOR_EVERY + 4],
+        new_epoch=lambda node: None,
+        end_may_start_next_epoch=True,
+    )
+    assert recorded == [list(range(n))] * 3
+
+    source = PositionNode(n)
+    node = adaptive_echo(source, max_factor=1, queue_size=4, seed=0)
+    taken = [next(node) for _ in range(ANCHOR_EVERY + 7)]
+    state = torch_roundtrip(node.state_dict())
+    node.close()
+    assert state["skip"] == 7  # fresh items emitted after the anchor, the state after item 31
+    assert state["source"] == {"position": ANCHOR_EVERY}
+    resumed = adaptive_echo(PositionNode(n), max_factor=1, queue_size=4, seed=0)
+    resumed.reset(state)
+    assert list(resumed) == list(range(len(taken), n))
+    # From the anchor on: the 7 items emitted after it read again (not emitted), then the rest.
+    assert resumed.source.reads == list(range(ANCHOR_EVERY, n))
 
 
 @settings(max_examples=25, deadline=None)

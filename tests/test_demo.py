@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import signal
@@ -15,6 +16,7 @@ from conftest import needs_nginx
 from PIL import Image
 
 from dataecho.app.cli import main
+from dataecho.app.demo import DEFAULT_WHERE, QUICK, _configs, add_demo_arguments
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
 
 needs_data = pytest.mark.skipif(
@@ -141,7 +143,10 @@ def alive(pid: int) -> bool:
 @pytest.mark.timeout(120)
 def test_ctrl_c_during_a_run_leaves_no_nginx_or_worker(tmp_path):
     """As a user would: a separate process, SIGINT once the first run is training."""
+    # A target never reached and a large budget: the first run is still training at the
+    # signal (--quick's own target is reached at its first evaluation, within a second).
     argv = [sys.executable, "-m", "dataecho.app", "demo", "--quick", "--budget", "40000",
+            "--target", "1.0",
             "--work-dir", str(tmp_path / "work"), "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -166,3 +171,22 @@ def test_ctrl_c_during_a_run_leaves_no_nginx_or_worker(tmp_path):
         time.sleep(0.05)
     assert [k for k in kids if alive(k)] == []
     assert not (tmp_path / "runs").exists()  # no half report
+
+
+@pytest.mark.parametrize("flags", [[], ["--where", "batch"], ["--where", "after_augment"]])
+def test_where_flag_reaches_the_echoed_runs(flags):
+    parser = argparse.ArgumentParser()
+    add_demo_arguments(parser)
+    args = parser.parse_args(flags)
+    configs = _configs("http://127.0.0.1:1", QUICK, args, target=0.3)
+    where = flags[1] if flags else DEFAULT_WHERE
+    assert [c.name for c in configs] == RUNS
+    assert [c.where for c in configs[1:]] == [where, where]  # the no-echo run has no echo stage
+    assert configs[1].echo_factor == 4.0 and configs[2].echo_factor == "auto"
+
+
+def test_bad_where_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--where", "gpu"])
+    assert exc.value.code == 2
+    assert "--where: invalid choice: 'gpu'" in capsys.readouterr().err

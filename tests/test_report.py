@@ -9,10 +9,16 @@ from dataclasses import dataclass, field
 import pytest
 from PIL import Image
 
+from dataecho.app.ratios import (
+    FRESH_RATE_DEFINITION,
+    TIME_MODEL_DEFINITION,
+    WALL_OVER_FRESH_DEFINITION,
+)
 from dataecho.app.report import (
     COLUMNS,
     LEADING_CSV,
     ReportMeta,
+    format_ratios,
     format_table,
     summarize,
     write_report,
@@ -182,3 +188,42 @@ def test_skipped_bad_records_are_in_the_metrics_and_the_report(tmp_path):
     assert [r["skipped_records"] for r in rows] == ["", "", "", "1", "3", ""]
     md = (out / "report.md").read_text()
     assert "- bad records skipped (on_bad_record=skip; never trained on): e=4 3\n" in md
+
+
+def test_figures_of_merit_have_their_values_targets_and_definitions(tmp_path):
+    base, fixed, _ = results()  # base: 60,000 fresh in 40 s (1,500/s) to the target
+    # auto: 18,000 fresh in 12.5 s, all of it to the target: 1,440/s, 0.96 of the baseline's.
+    auto = Result(Cfg("auto", "auto"), 0.852, 18_000, 40_000, 450, 12.5, 1.0, 3.2, True,
+                  18_000, 12.5, curve([(18_000, 12.5, 0.852)], 3.2))  # fmt: skip
+    # e=8 beyond R = 4.1: fresh gain 4, wall gain 2; the model allows 4 x 4.1/8 = 2.05.
+    over = Result(Cfg("e=8", 8.0), 0.851, 15_000, 105_000, 940, 20.0, 0.5, 8.0, True,
+                  15_000, 20.0, curve([(15_000, 20.0, 0.851)], 8.0))  # fmt: skip
+    lines = format_ratios([base, fixed, auto, over], ratio=4.1).splitlines()
+    assert lines == [
+        # e=4 at R = 4.1: wall gain 2.5 over fresh gain 3 (the model: 3 x min(1, 4.1/4) = 3)
+        f"e=4: wall gain / fresh gain = 0.833 (target >= 0.95, MISSED): {WALL_OVER_FRESH_DEFINITION}",
+        f"e=4: wall gain / time model = 0.833 (target >= 0.95, MISSED): "
+        f"{TIME_MODEL_DEFINITION.format(r=4.1)}",
+        f"auto: fresh-example rate / no echo's = 0.960 (target >= 0.97, MISSED): "
+        f"{FRESH_RATE_DEFINITION}",
+        # auto's wall gain 40 / 12.5 = 3.2 over fresh gain 60,000 / 18,000 = 3.33
+        f"auto: wall gain / fresh gain = 0.960 (target >= 0.95, met): {WALL_OVER_FRESH_DEFINITION}",
+        f"e=8: wall gain / fresh gain = 0.500 (target >= 0.95, MISSED): {WALL_OVER_FRESH_DEFINITION}",
+        f"e=8: wall gain / time model = 0.976 (target >= 0.95, met): "
+        f"{TIME_MODEL_DEFINITION.format(r=4.1)}",
+    ]  # fmt: skip
+    assert "R = 4.10 as the no-echo run lived it" in lines[1]
+    md = (write_report([base, fixed, auto, over], tmp_path, meta=META) / "report.md").read_text()
+    section = md[md.index("## Figures of merit") : md.index("## Reading")]
+    assert section.splitlines()[2:-1] == [f"- {line}" for line in lines]
+
+
+def test_figures_of_merit_skip_what_cannot_be_computed():
+    base, fixed, missed = results()
+    # auto missed the target: only its fresh-example rate (30,000 in 20 s, as the baseline's).
+    # Without R there is no time model.
+    assert format_ratios([base, fixed, missed], ratio=None).splitlines() == [
+        f"e=4: wall gain / fresh gain = 0.833 (target >= 0.95, MISSED): {WALL_OVER_FRESH_DEFINITION}",
+        f"auto: fresh-example rate / no echo's = 1.000 (target >= 0.97, met): {FRESH_RATE_DEFINITION}",
+    ]  # fmt: skip
+    assert format_ratios([fixed, missed], ratio=4.0) == ""  # no baseline: nothing to compare

@@ -36,12 +36,14 @@ from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
 from dataecho.app.train import TrainConfig, train
 from dataecho.app.upstream import prepare
+from dataecho.loader import WHERE_CHOICES
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
 DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
 # A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
 EXAMPLES_PER_SHARD = 1000
 SHUFFLE_BATCHES = 10  # post-echo shuffle buffer, in batches
+DEFAULT_WHERE = "before_augment"  # the echoed runs' insertion point
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="echo factor of the fixed-factor run (default: %(default)s)")
     add("--max-echo-factor", type=_factor("--max-echo-factor"), default=8.0, metavar="E",
         help="the most copies the 'auto' run may make of one example (default: %(default)s)")
+    add("--where", choices=WHERE_CHOICES, default=DEFAULT_WHERE,
+        help="insertion point of the echoed runs' echo stage (default: %(default)s)")
     add("--upstream-ratio", type=_POSITIVE.argparse_type("--upstream-ratio"), default=4.0, metavar="R",
         help="choose the bandwidth cap for R = t_up / t_down (default: %(default)s)")
     add("--bandwidth", type=_POSITIVE.argparse_type("--bandwidth"), default=None, metavar="BYTES_PER_S",
@@ -120,7 +124,12 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo as ``args`` say; print the table and the report folder. Returns 0."""
-    from dataecho.app.report import ReportMeta, format_table, write_report  # matplotlib: only here
+    from dataecho.app.report import (  # matplotlib: only here
+        ReportMeta,
+        format_ratios,
+        format_table,
+        write_report,
+    )
 
     plan = QUICK if args.quick else Plan()
     if args.budget is not None:
@@ -145,6 +154,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print()
     print(format_table(results))
     print(f"R during the no-echo run: {lived_ratio:.2f} (time per step over compute per step)")
+    if merits := format_ratios(results, ratio=lived_ratio):
+        print(f"figures of merit:\n{merits}")
     if emulate:
         print(f"EMULATION: these numbers come from {up.description}")
     meta = ReportMeta(
@@ -161,9 +172,10 @@ def run_demo(args: argparse.Namespace) -> int:
         load=f"before: {load_before}; after: {_load()}",
         notes=(
             *cal.notes,
-            f"augmentation after the echo stage: a random shift of up to "
-            f"{args.augment_pad} pixels and a flip; echoing's saving grows with it, and so "
-            f"does the no-echo run's time to this early target (benchmarks/augmentation)",
+            f"echo stage of the echoed runs: where={args.where}; augmentation: a random "
+            f"shift of up to {args.augment_pad} pixels and a flip; echoing's saving grows with "
+            "it, and so does the no-echo run's time to this early target "
+            "(benchmarks/augmentation)",
         ),
     )
     out = write_report(results, _new_run_dir(args.runs_dir), meta=meta)
@@ -190,7 +202,7 @@ def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> l
                   eval_in_background=plan.eval_in_background,
                   num_workers=WORKERS, threads=THREADS,
                   seed=args.seed, augment_pad=args.augment_pad, progress=True,
-                  where="before_augment")  # fmt: skip
+                  where=args.where)  # fmt: skip
     runs = [("no echo", 1.0, 0), (f"e={args.echo_factor:g}", args.echo_factor, shuffle),
             ("auto", "auto", shuffle)]  # fmt: skip
     return [TrainConfig(name=name, echo_factor=e, shuffle_buffer=buf,

@@ -6,11 +6,20 @@ re-emits one of the last ``buffer_size`` fresh items rather than wait. No item i
 than ``max_factor`` times (the fresh emission counts); when nothing may be reused the consumer
 waits for upstream, and that wait is ``stats.stall_seconds``.
 
+The reader thread does nothing but read and hand over: the consumer's reuse decisions cost
+O(log buffer_size) each (:mod:`dataecho.stages.reuse_pool`), and the thread asks the source for
+its state only now and then, because in one process the two threads share the interpreter lock:
+whatever the consumer (or the thread itself) spends beyond the read is time the read may wait.
+
 State: the thread reads ahead, so the live source is past items not yet emitted. The thread
-sends ``source.state_dict()`` along with each item it reads; the stage's state holds the one that
-came with the last item emitted fresh, plus the reuse buffer and its emission counts. A resume
-re-reads the items that were queued but not emitted, once: no fresh item is lost or doubled
-(the replay is not timing-identical). Cost: one ``state_dict()`` per item, on the thread.
+sends ``source.state_dict()`` (an *anchor*) along with every :data:`ANCHOR_EVERY`-th item it
+reads and with the end of the stream; the stage's state holds the last anchor that came with an
+item emitted fresh, how many fresh items followed it, and the reuse buffer with its emission
+counts. A resume restores the anchor and reads past those items again, then re-reads the items
+that were queued but not emitted: no fresh item is lost or doubled, for any source that replays
+its items from a restored state (the replay is not timing-identical). Cost: one
+``state_dict()`` per :data:`ANCHOR_EVERY` items on the thread; a resume reads up to
+``ANCHOR_EVERY - 1`` items twice.
 
 ``close()`` (also ``with``, ``reset()`` and garbage collection) stops the thread: at once if it
 waits on the queue, else when the source call in progress returns (Python cannot interrupt it).
@@ -31,7 +40,6 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
 import queue
@@ -46,6 +54,7 @@ from dataecho import _validate
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item
 from dataecho.stages.packing import pack, unpack
+from dataecho.stages.reuse_pool import ReusePool
 from dataecho.stages.seeds import STAGE_ADAPTIVE
 
 T = TypeVar("T")
@@ -53,6 +62,9 @@ T = TypeVar("T")
 POLICIES = ("latest", "uniform", "fewest")
 THREAD_PREFIX = "dataecho-adaptive"
 _POLL_S = 0.1  # how often a blocked put/get rechecks for shutdown; only a safety net
+# Items between two anchors: a state_dict() per item is a visible share of a fast reader's time
+# per item (a shard reader's, say); one per 32 items is not, and a resume re-reads at most 31.
+ANCHOR_EVERY = 32
 _END, _ERROR = object(), object()  # queue markers: source exhausted / source raised
 _thread_ids = itertools.count()
 
@@ -60,8 +72,9 @@ _thread_ids = itertools.count()
 class _Producer:
     """The reader thread. It holds no reference to the stage, so dropping the stage stops it."""
 
-    def __init__(self, source: BaseNode[Any], queue_size: int) -> None:
+    def __init__(self, source: BaseNode[Any], queue_size: int, skip: int = 0) -> None:
         self.source = source
+        self.skip = skip  # items already emitted past the restored anchor: read, not queued
         self.queue: queue.Queue[tuple[Any, Any]] = queue.Queue(maxsize=queue_size)
         self.stopping = threading.Event()
         name = f"{THREAD_PREFIX}-{next(_thread_ids)}"
@@ -69,14 +82,25 @@ class _Producer:
         self.thread.start()
 
     def _run(self) -> None:
+        read = 0
         while True:
             try:
                 item = next(self.source)
-                entry = (item, self.source.state_dict())  # the state *after* this item
+                read += 1
+                if read <= self.skip:
+                    continue
+                # The anchor is the state *after* this item; None between anchors.
+                anchor = self.source.state_dict() if read % ANCHOR_EVERY == 0 else None
+                entry = (item, anchor)
             except StopIteration:
                 entry = (_END, None)
             except BaseException as exc:  # every failure belongs to the consumer
                 entry = (_ERROR, exc)
+            if entry[0] is _END:
+                try:  # the end's own state: a loader's says "next epoch"
+                    entry = (_END, self.source.state_dict())
+                except BaseException as exc:
+                    entry = (_ERROR, exc)
             while not self.stopping.is_set():  # blocks only while the queue is full
                 try:
                     self.queue.put(entry, timeout=_POLL_S)
@@ -124,9 +148,10 @@ class AdaptiveEcho(Stage[T]):
         super().__init__(source, seed=_validate.seed(seed))
         self.copy = bool(copy)
         self._limit = math.floor(self.max_factor)  # emissions allowed per item, fresh one included
-        self._buffer: collections.deque[list[Any]] = collections.deque(maxlen=self.buffer_size)
+        self._pool = ReusePool(self.buffer_size, self._limit, self.policy)
         self._producer: _Producer | None = None
-        self._source_state: Any = None  # source state after the last item emitted fresh
+        self._source_state: Any = None  # the last anchor that came with an item emitted fresh
+        self._since_anchor = 0  # fresh items emitted after it
         self._done = False  # the source ended (or raised) and everything was emitted
         self._closed = False
 
@@ -141,10 +166,11 @@ class AdaptiveEcho(Stage[T]):
         self._closed = False
         self._source_state = self._source_state_now()
         if not self._done and not self._ended:  # a resumed end reads on only in the next epoch
-            self._producer = _Producer(self.source, self.queue_size)
+            self._producer = _Producer(self.source, self.queue_size, skip=self._since_anchor)
 
     def _start_epoch(self) -> None:
-        self._buffer.clear()
+        self._pool.clear()
+        self._since_anchor = 0
         self._done = False
 
     def next(self) -> T:
@@ -153,17 +179,14 @@ class AdaptiveEcho(Stage[T]):
         try:
             item, payload = self._producer.queue.get_nowait()  # fresh items always first
         except queue.Empty:
-            allowed = [entry for entry in self._buffer if entry[1] < self._limit]
-            if allowed:
-                if self.policy == "fewest":  # copies spread evenly: a 2nd before any 3rd
-                    fewest = min(entry[1] for entry in allowed)
-                    allowed = [entry for entry in allowed if entry[1] == fewest]
-                chosen = allowed[-1] if self.policy == "latest" else self._rng.choice(allowed)
-                chosen[1] += 1
+            chosen = self._pool.pick(self._rng)  # O(log buffer_size): see ReusePool
+            if chosen is not None:
                 self.stats.items_out += 1
-                return copy_item(chosen[0]) if self.copy else chosen[0]
+                return copy_item(chosen) if self.copy else chosen
             item, payload = self._wait()
         if item is _END or item is _ERROR:
+            if item is _END:
+                self._source_state, self._since_anchor = payload, 0
             self._done = True
             name = self._producer.thread.name
             self.close()  # the thread has returned already; this reaps it
@@ -172,12 +195,15 @@ class AdaptiveEcho(Stage[T]):
             if hasattr(payload, "add_note"):  # Python >= 3.11
                 payload.add_note(f"(raised by adaptive_echo's source in thread {name!r})")
             raise payload  # the original object: its traceback still shows the source's frames
-        self._source_state = payload
+        if payload is None:
+            self._since_anchor += 1
+        else:
+            self._source_state, self._since_anchor = payload, 0
         self.stats.fresh_items += 1
         self.stats.items_out += 1
         if self._limit < 2:
             return item
-        self._buffer.append([item, 1])
+        self._pool.add(item)
         # The buffer keeps the original pristine; every emission is its own copy.
         return copy_item(item) if self.copy else item
 
@@ -203,18 +229,18 @@ class AdaptiveEcho(Stage[T]):
             "epoch": self._epoch,
             "seed": self.seed,
             "source": copy_item(self._source_state),
+            "skip": self._since_anchor,
             "rng": self._rng.getstate(),
             "stats": self.stats.state_dict(),
             "ended": self._ended,
-            "buffer": pack([item for item, _ in self._buffer]),
-            "counts": [count for _, count in self._buffer],
+            "buffer": pack([item for item, _ in self._pool.entries]),
+            "counts": [count for _, count in self._pool.entries],
             "done": self._done,
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        self._buffer.clear()
-        items = unpack(state["buffer"])
-        self._buffer.extend([item, int(c)] for item, c in zip(items, state["counts"], strict=True))
+        self._pool.load(unpack(state["buffer"]), state["counts"])
+        self._since_anchor = int(state.get("skip", 0))  # states from before anchors: 0
         self._done = bool(state["done"])
 
     def close(self, timeout: float | None = None) -> bool:
