@@ -195,7 +195,9 @@ def _prepare(args: argparse.Namespace, plan: Plan) -> tuple[Path, dict[str, Any]
 
 def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> list[TrainConfig]:
     """No echo, the fixed factor and auto, alike in all else; copies get a shuffle buffer."""
-    shuffle = SHUFFLE_BATCHES * plan.batch_size  # spreads copies apart (Choi et al.)
+    # Spreads copies apart (Choi et al.); a batch-level echo's buffer holds whole batches.
+    batch_level = args.where in ("batch", "device")
+    shuffle = SHUFFLE_BATCHES * (1 if batch_level else plan.batch_size)
     common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
                   budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,
