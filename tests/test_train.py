@@ -334,3 +334,13 @@ def test_measure_step_seconds_is_a_positive_duration_and_restores_threads():
     assert 0 < measure_step_seconds(batch_size=16, steps=3) < 5
     assert 0 < measure_step_seconds(batch_size=4, steps=2, workload="char-lm", seq_len=16) < 5
     assert torch.get_num_threads() == 2
+
+
+def test_the_step_runs_where_device_echo_puts_the_batches(tiny):
+    from dataecho.app.train import training_device
+
+    assert training_device(tiny(), None) == torch.device("cpu")
+    assert training_device(tiny(where="device", device="cpu"), None) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here.*pass device='cpu'"):
+            train(tiny(where="device", device="cuda"), log=quiet)

@@ -101,6 +101,7 @@ from dataecho.app.training.schedule import (
 )
 from dataecho.app.upstream import Data, build_data
 from dataecho.loader import EchoingDataLoader
+from dataecho.loader.device import resolve_device
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
 
@@ -124,13 +125,13 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         rank = stack.enter_context(join_group(cfg)) if in_torchrun() else None
         stack.enter_context(torch_threads(cfg.threads))  # why 1: the module docstring
         me, world = (None, 1) if rank is None else (rank.rank, rank.world_size)
-        device = torch.device("cpu") if rank is None else rank.info.device
+        device = training_device(cfg, rank)
         say = line_logger(cfg, log) if me in (None, 0) else (lambda line: None)
         torch.manual_seed(cfg.seed)  # the model's initial weights, the same on every rank
         data = build_data(cfg)
         model, optimizer = build_model(cfg, data)
         model.to(device)
-        loader = make_loader(cfg, data)
+        loader = make_loader(cfg, data, device=device)
         sync = make_sync(cfg, model, rank)  # none, ddp or local-echo
         parts = RunParts(data, model, optimizer, loader, sync, rank)
         run = RunCounters(next_eval=cfg.eval_every, next_checkpoint=cfg.checkpoint_every)
@@ -233,6 +234,14 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         return result
     assert counters is not None
     return distributed_result(result, counters, fresh=run.fresh, rank=rank.rank, sync=cfg.sync)
+
+
+def training_device(cfg: TrainConfig, rank: Rank | None) -> torch.device:
+    """Where the step runs: a rank's device; in one process the CPU, or with
+    ``where="device"`` the loader's ``device`` (the batches arrive there)."""
+    if rank is not None:
+        return rank.info.device
+    return resolve_device(cfg.device) if cfg.where == "device" else torch.device("cpu")
 
 
 def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCounters,

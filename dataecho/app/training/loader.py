@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import torch
+
 from dataecho.app.config import TrainConfig
 from dataecho.app.upstream import Data
 from dataecho.loader import EchoingDataLoader
 from dataecho.loader.reading import is_map_style
 
 
-def make_loader(cfg: TrainConfig, data: Data) -> EchoingDataLoader:
+def make_loader(
+    cfg: TrainConfig, data: Data, *, device: torch.device | None = None
+) -> EchoingDataLoader:
     """The echoing loader of ``cfg`` over ``data.train`` (also what ``dataecho profile`` times):
-    ``cfg.loader``'s settings, with the augmentation and the read order of the data."""
+    ``cfg.loader``'s settings, with the augmentation and the read order of the data.
+
+    ``device``: where the step runs (a rank's GPU, say); with ``where="device"`` the batches
+    are echoed there, whatever ``cfg.device`` says.
+    """
+    changes = {"device": str(device)} if device is not None and cfg.where == "device" else {}
     options = cfg.loader.with_changes(
+        **changes,
         transform=data.transform,
         batch_transform=data.batch_transform,
         device_transform=data.device_transform,
