@@ -28,6 +28,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from dataecho.loader.options import check_takes_generator
+from dataecho.loader.transport import map_tensors
 from dataecho.stages import EchoStats, copy_item
 
 
@@ -50,21 +51,6 @@ def resolve_device(name: str) -> torch.device:
         if device.index is None:  # the one "cuda" means now, as tensors on it will name it
             device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``batch`` with ``fn`` applied to each tensor in it (tuples, named tuples, lists and dicts
-    rebuilt with their types; other leaves kept as they are)."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, tuple):
-        items = [map_tensors(x, fn) for x in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
-    if isinstance(batch, list):
-        return [map_tensors(x, fn) for x in batch]
-    if isinstance(batch, dict):
-        return {k: map_tensors(v, fn) for k, v in batch.items()}
-    return batch
 
 
 def tensors_of(batch: Any) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ batch, on the core that runs the training step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ def to_wire(batch: Any) -> Any:
     """``batch`` with its plain CPU tensors as :class:`_Piped` arrays, if it is small enough."""
     if _tensor_bytes(batch) > PIPE_LIMIT:
         return batch
-    return _map(batch, lambda t: _Piped(t.numpy()) if _plain(t) else t)
+    return map_tensors(batch, lambda t: _Piped(t.numpy()) if _plain(t) else t)
 
 
 def from_wire(batch: Any) -> Any:
@@ -65,10 +66,12 @@ def _tensor_bytes(batch: Any) -> int:
     return 0
 
 
-def _map(batch: Any, fn: Any) -> Any:
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``batch`` with ``fn`` applied to each tensor in it (tuples, named tuples, lists and dicts
+    rebuilt with their types; other leaves kept as they are)."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
-    return _rebuild(batch, lambda x: _map(x, fn))
+    return _rebuild(batch, lambda x: map_tensors(x, fn))
 
 
 def _map_piped(batch: Any) -> Any:

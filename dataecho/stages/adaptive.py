@@ -225,6 +225,7 @@ class AdaptiveEcho(Stage[T]):
 
     def get_state(self) -> dict[str, Any]:
         # Not Stage.get_state: the live source belongs to the reader thread and is ahead.
+        entries = self._pool.entries
         return {
             "epoch": self._epoch,
             "seed": self.seed,
@@ -233,8 +234,8 @@ class AdaptiveEcho(Stage[T]):
             "rng": self._rng.getstate(),
             "stats": self.stats.state_dict(),
             "ended": self._ended,
-            "buffer": pack([item for item, _ in self._pool.entries]),
-            "counts": [count for _, count in self._pool.entries],
+            "buffer": pack([item for item, _ in entries]),
+            "counts": [count for _, count in entries],
             "done": self._done,
         }
 
