@@ -9,8 +9,8 @@ stochastic and communication-efficient echoing, ICLR 2025 submission).
                                         where="before_augment", shuffle_buffer=1024,
                                         transform=augment, num_workers=1, seed=0)
 
-Stages for your own pipelines: :func:`echo`, :func:`shuffle`, :func:`adaptive_echo`,
-:func:`stochastic_echo` (each a resumable ``torchdata.nodes.BaseNode`` with ``.stats``).
+Stages for your own pipelines: :func:`echo`, :func:`shuffle`, :func:`mix_examples` (examples
+of whole batches), :func:`adaptive_echo`, :func:`stochastic_echo` (each a resumable ``torchdata.nodes.BaseNode`` with ``.stats``).
 Before you change anything, :func:`profile` tells whether echoing will help at all.
 
 Echoed optimizers (K steps per fresh batch; Agarwal et al. 2020): :class:`EchoedGD`,
@@ -29,11 +29,13 @@ from dataecho.stages import (
     AdaptiveEcho,
     Echo,
     EchoStats,
+    MixExamples,
     Shuffle,
     StochasticEcho,
     adaptive_echo,
     copy_item,
     echo,
+    mix_examples,
     shuffle,
     stochastic_echo,
 )
@@ -76,6 +78,7 @@ __all__ = [
     "EchoedProxGD",
     "EchoingDataLoader",
     "LoaderOptions",
+    "MixExamples",
     "ProfileReport",
     "Shuffle",
     "StochasticEcho",
@@ -86,6 +89,7 @@ __all__ = [
     "copy_item",
     "echo",
     "format_report",
+    "mix_examples",
     "on_input",
     "profile",
     "schedules",

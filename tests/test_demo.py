@@ -173,7 +173,9 @@ def test_ctrl_c_during_a_run_leaves_no_nginx_or_worker(tmp_path):
     assert not (tmp_path / "runs").exists()  # no half report
 
 
-@pytest.mark.parametrize("flags", [[], ["--where", "batch"], ["--where", "after_augment"]])
+@pytest.mark.parametrize(
+    "flags", [[], ["--where", "batch"], ["--where", "after_augment"], ["--where", "before_augment"]]
+)
 def test_where_flag_reaches_the_echoed_runs(flags):
     parser = argparse.ArgumentParser()
     add_demo_arguments(parser)
@@ -183,8 +185,9 @@ def test_where_flag_reaches_the_echoed_runs(flags):
     assert [c.name for c in configs] == RUNS
     assert [c.where for c in configs[1:]] == [where, where]  # the no-echo run has no echo stage
     assert configs[1].echo_factor == 4.0 and configs[2].echo_factor == "auto"
-    # Ten batches' worth of shuffle buffer, counted in the unit the echo stage sees.
-    per_batch = 1 if where in ("batch", "device") else QUICK.batch_size
+    # Ten batches' worth of shuffle buffer: whole batches for where=batch, else examples (the
+    # device mixes the copies' examples).
+    per_batch = 1 if where == "batch" else QUICK.batch_size
     assert [c.shuffle_buffer for c in configs] == [0, 10 * per_batch, 10 * per_batch]
 
 

@@ -260,6 +260,7 @@ def test_the_device_transform_is_work_not_a_wait_for_data():
     batches = list(loader)
     assert len(batches) == 20
     assert loader.stats.wait_seconds < 0.02 * len(batches) / 2
+    assert 0.02 * len(batches) <= loader.stats.work_seconds < 0.04 * len(batches)
 
 
 def test_states_hold_host_tensors_only():

@@ -91,9 +91,12 @@ def calibrate(
     eval_in_background: bool = False,
     bandwidth: float | None = None,
     emulate: bool = False,
+    where: str = "before_augment",
     say: Callable[[str], None] = print,
 ) -> Calibration:
-    """The total cap that makes R about ``aim`` (or R measured at ``bandwidth``, if given)."""
+    """The total cap that makes R about ``aim`` (or R measured at ``bandwidth``, if given);
+    ``where``: the runs' insertion point, which decides where the augmentation runs (in the
+    worker, or on the training thread with "device"), so the probe runs it there too."""
     per_example = bytes_per_example(manifest)
     t_down = measure_step_seconds(batch_size, THREADS, steps=30)
     rate = int(bandwidth or max(1, round(per_example * batch_size / (aim * t_down))))
@@ -127,7 +130,8 @@ def calibrate(
     for attempt in range(2 if probe_examples else 0):
         with serve(shard_dir, rate, emulate) as up:
             cal.probed_ratio = probe(up.url, data_dir, batch_size, seed, probe_examples,
-                                     eval_every, eval_examples, eval_in_background)  # fmt: skip
+                                     eval_every, eval_examples, eval_in_background,
+                                     where)  # fmt: skip
         note(f"probe through the training loop ({probe_examples:,} fresh examples, no echo): a "
              f"cap of {rate / 1e6:.3g} MB/s gave R = {cal.probed_ratio:.2f}")  # fmt: skip
         off = cal.probed_ratio / aim
@@ -139,7 +143,7 @@ def calibrate(
 
 def probe(url: str, data_dir: Path, batch_size: int, seed: int, examples: int,
           eval_every: int | None = None, eval_examples: int = 200,
-          eval_in_background: bool = False) -> float:  # fmt: skip
+          eval_in_background: bool = False, where: str = "before_augment") -> float:  # fmt: skip
     """R of a short no-echo run: time per step over compute per step, after a warm-up quarter.
 
     Give it the runs' own evaluation schedule: a step right after a large evaluation runs
@@ -150,7 +154,7 @@ def probe(url: str, data_dir: Path, batch_size: int, seed: int, examples: int,
                       eval_every=eval_every or max(batch_size, examples // 4),
                       eval_examples=eval_examples, eval_in_background=eval_in_background,
                       num_workers=WORKERS, threads=THREADS, seed=seed, progress=False,
-                      name="calibration probe")  # fmt: skip
+                      where=where, name="calibration probe")  # fmt: skip
     rows = train(cfg, log=lambda line: None).history
     first, last = rows[0], rows[-1]  # the first quarter holds worker start-up and first request
     wall = (last["seconds"] - first["seconds"]) - (last["eval_seconds"] - first["eval_seconds"])

@@ -43,7 +43,9 @@ DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
 # A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
 EXAMPLES_PER_SHARD = 1000
 SHUFFLE_BATCHES = 10  # post-echo shuffle buffer, in batches
-DEFAULT_WHERE = "before_augment"  # the echoed runs' insertion point
+# The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the
+# loader worker does no per-copy work and the copies' examples mix on the device.
+DEFAULT_WHERE = "device"
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     eval_every=plan.eval_every,
                     eval_examples=plan.screen_examples or plan.eval_examples,
                     eval_in_background=plan.eval_in_background, bandwidth=args.bandwidth,
-                    emulate=emulate)  # fmt: skip
+                    emulate=emulate, where=args.where)  # fmt: skip
     with serve(shard_dir, cal.rate, emulate) as up:
         print(f"upstream: {up.description}")
         results = [train(cfg, log=tqdm.write) for cfg in _configs(up.url, plan, args, target)]
@@ -195,9 +197,9 @@ def _prepare(args: argparse.Namespace, plan: Plan) -> tuple[Path, dict[str, Any]
 
 def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> list[TrainConfig]:
     """No echo, the fixed factor and auto, alike in all else; copies get a shuffle buffer."""
-    # Spreads copies apart (Choi et al.); a batch-level echo's buffer holds whole batches.
-    batch_level = args.where in ("batch", "device")
-    shuffle = SHUFFLE_BATCHES * (1 if batch_level else plan.batch_size)
+    # Spreads copies apart (Choi et al.); where=batch's buffer holds whole batches, the others
+    # (the device's mixing too) hold examples.
+    shuffle = SHUFFLE_BATCHES * (1 if args.where == "batch" else plan.batch_size)
     common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
                   budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,

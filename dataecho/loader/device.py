@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
+from dataecho._structure import map_tensors
 from dataecho.loader.options import check_takes_generator
-from dataecho.loader.transport import map_tensors
 from dataecho.stages import EchoStats, copy_item
 
 

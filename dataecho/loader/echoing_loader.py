@@ -48,9 +48,10 @@ from dataecho.loader.pipeline import (
 from dataecho.loader.reading import data_parallel_rank, is_map_style, is_stateful
 from dataecho.loader.snapshots import snapshot_interval
 from dataecho.loader.workers import WorkersNode
-from dataecho.stages import EchoStats, Shuffle
+from dataecho.stages import EchoStats, MixExamples, Shuffle
 from dataecho.stages.seeds import (
     STAGE_ECHO,
+    STAGE_MIX,
     STAGE_SHUFFLE,
     STAGE_TRANSFORM,
     derive_seed,
@@ -338,7 +339,8 @@ class EchoingDataLoader:
         return node, workers, reader
 
     def _build_device_root(self) -> tuple[BaseNode[Any], WorkersNode, Any]:
-        """workers -> to the device -> echo stage -> shuffle -> device_transform on each copy."""
+        """workers -> to the device -> echo stage -> example mixing -> device_transform on each
+        copy."""
         opts, device = self.options, self._device
         assert device is not None
         # Fresh batches may be read ahead of the consumer (the next copy in flight, or "auto"'s
@@ -349,10 +351,9 @@ class EchoingDataLoader:
         reader = node
         if opts.echoes:
             node = reader = echo_stage(node, opts, derive_seed(self.seed, *key, STAGE_ECHO))
-        if opts.shuffle_buffer > 1:
-            node = Shuffle(
-                node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE)
-            )
+        if opts.shuffle_buffer > 1:  # the copies' examples spread over the batches that follow
+            seed = derive_seed(self.seed, *key, STAGE_MIX)
+            node = MixExamples(node, opts.shuffle_buffer, seed=seed, device=device)
         seed = derive_seed(self.seed, *key, STAGE_TRANSFORM)
         return DeviceTransform(node, device, opts.device_transform, seed=seed), workers, reader
 

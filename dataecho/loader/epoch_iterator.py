@@ -107,6 +107,7 @@ class EpochIterator:
             # Work the training thread did on the batch (a device transform) is no wait.
             worked = self._work_seconds() - worked
             stats.wait_seconds += time.perf_counter() - start - worked
+            stats.work_seconds += worked
         if self._reader is not None:
             handed = self._reader.stats.fresh_items
             self._workers.settle(handed - self._settled)

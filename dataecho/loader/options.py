@@ -104,7 +104,8 @@ class LoaderOptions:
     )
     shuffle_buffer: int = _setting(
         Int(0, hint="use 0 for no post-echo shuffling"),
-        "post-echo shuffle buffer in examples (batches for where=batch or device); 0 or 1 = none",
+        "post-echo shuffle buffer in examples (whole batches for where=batch; for where=device, "
+        "examples of the copies mixed across batches on the device); 0 or 1 = none",
         0,
     )
     transform: Callable[[Any], Any] | None = _setting(
@@ -165,6 +166,12 @@ class LoaderOptions:
     def batch_level(self) -> bool:
         """True where the echo stage repeats whole batches (where="batch" or "device")."""
         return self.where in BATCH_LEVEL
+
+    @property
+    def shuffles_batches(self) -> bool:
+        """True where the post-echo shuffle buffer holds whole batches (where="batch"); on the
+        device it mixes the batches' examples, so it counts examples, as the host points do."""
+        return self.where == "batch"
 
     @property
     def echoes(self) -> bool:

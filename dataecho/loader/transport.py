@@ -12,11 +12,12 @@ batch, on the core that runs the training step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+
+from dataecho._structure import map_tensors, rebuild
 
 PIPE_LIMIT = 512 * 1024  # bytes of tensor data per batch sent pickled through the pipe
 
@@ -66,27 +67,7 @@ def _tensor_bytes(batch: Any) -> int:
     return 0
 
 
-def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``batch`` with ``fn`` applied to each tensor in it (tuples, named tuples, lists and dicts
-    rebuilt with their types; other leaves kept as they are)."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    return _rebuild(batch, lambda x: map_tensors(x, fn))
-
-
 def _map_piped(batch: Any) -> Any:
     if isinstance(batch, _Piped):
         return torch.from_numpy(batch.array)
-    return _rebuild(batch, _map_piped)
-
-
-def _rebuild(batch: Any, fn: Any) -> Any:
-    """``batch`` with ``fn`` applied to each element of a tuple, list or dict (kept types)."""
-    if isinstance(batch, tuple):
-        items = [fn(x) for x in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
-    if isinstance(batch, list):
-        return [fn(x) for x in batch]
-    if isinstance(batch, dict):
-        return {k: fn(v) for k, v in batch.items()}
-    return batch
+    return rebuild(batch, _map_piped)

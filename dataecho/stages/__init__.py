@@ -1,7 +1,7 @@
 """The stream stages: each a small resumable iterator (a ``torchdata.nodes.BaseNode``).
 
 Each stage lives in a module named for what it is (``fixed_echo``, ``shuffle_buffer``,
-``adaptive``, ``stochastic``), so that ``dataecho.stages.echo`` and ``dataecho.stages.shuffle``
+``example_mix``, ``adaptive``, ``stochastic``), so that ``dataecho.stages.echo`` and ``dataecho.stages.shuffle``
 name only the functions.
 """
 
@@ -13,6 +13,7 @@ from dataecho.stages import fixed_echo, shuffle_buffer
 from dataecho.stages.adaptive import AdaptiveEcho, adaptive_echo
 from dataecho.stages.base import Stage, as_node
 from dataecho.stages.copying import copy_item
+from dataecho.stages.example_mix import MixExamples, mix_examples
 from dataecho.stages.fixed_echo import Echo, echo
 from dataecho.stages.shuffle_buffer import Shuffle, shuffle
 from dataecho.stages.stats import EchoStats
@@ -48,6 +49,7 @@ __all__ = [
     "AdaptiveEcho",
     "Echo",
     "EchoStats",
+    "MixExamples",
     "Shuffle",
     "Stage",
     "StochasticEcho",
@@ -55,6 +57,7 @@ __all__ = [
     "as_node",
     "copy_item",
     "echo",
+    "mix_examples",
     "shuffle",
     "stochastic_echo",
 ]

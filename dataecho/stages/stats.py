@@ -38,6 +38,10 @@ class EchoStats:
     """Time the consumer spent blocked on upstream."""
     stall_seconds: float
     """Time the consumer waited with nothing it was allowed to reuse (adaptive echoing)."""
+    work_seconds: float
+    """Time the consumer's thread spent on the loader's own work on each batch (loader only:
+    ``device_transform`` on every copy with where="device"); not a wait, not in
+    ``wait_seconds``."""
     unit: str
     """What the item counters count: "examples" or "batches". Not part of the state: it
     follows from the source, and a checkpoint holds numbers only."""
@@ -49,6 +53,7 @@ class EchoStats:
         batches: int = 0,
         wait_seconds: float = 0.0,
         stall_seconds: float = 0.0,
+        work_seconds: float = 0.0,
         *,
         unit: str = "examples",
         fresh_examples: int | None = None,
@@ -62,6 +67,7 @@ class EchoStats:
         self.unit = unit
         self.fresh_items, self.items_out, self.batches = fresh_items, items_out, batches
         self.wait_seconds, self.stall_seconds = wait_seconds, stall_seconds
+        self.work_seconds = work_seconds
         if fresh_examples is not None:
             self.fresh_examples = fresh_examples  # the unit's name: warns for batches
         if examples_out is not None:
@@ -145,7 +151,14 @@ class EchoStats:
         }
 
 
-_COUNTERS = ("fresh_items", "items_out", "batches", "wait_seconds", "stall_seconds")
+_COUNTERS = (
+    "fresh_items",
+    "items_out",
+    "batches",
+    "wait_seconds",
+    "stall_seconds",
+    "work_seconds",
+)
 # What each item counter was called in a saved state before they were named by unit.
 _OLD_KEYS = {"fresh_items": "fresh_examples", "items_out": "examples_out"}
 

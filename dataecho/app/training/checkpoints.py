@@ -230,7 +230,7 @@ def checkpoint_bytes(cfg: TrainConfig, model: torch.nn.Module, *, loaders: int =
     """
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     per_example = 4 * 28 * 28 if cfg.workload == "cnn" else 2 * 8 * cfg.seq_len
-    shuffled = cfg.shuffle_buffer * (cfg.batch_size if cfg.loader.batch_level else 1)
+    shuffled = cfg.shuffle_buffer * (cfg.batch_size if cfg.loader.shuffles_batches else 1)
     buffered = (shuffled + 2 * cfg.batch_size) * per_example * max(1, cfg.num_workers)
     factor = cfg.max_echo_factor if cfg.echo_factor == "auto" else cfg.echo_factor
     steps = cfg.max_steps or math.ceil(cfg.budget * factor / cfg.batch_size)

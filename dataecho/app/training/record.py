@@ -30,7 +30,7 @@ class TrainResult:
     steps: int
     wall_seconds: float  # evaluations and checkpoints included (module docstring)
     wait_seconds: float  # blocked on the loader
-    step_seconds: float  # forward, backward, update
+    step_seconds: float  # forward, backward, update; the loader's work on this thread
     eval_seconds: float
     checkpoint_seconds: float
     realized_factor: float  # examples trained on / fresh examples

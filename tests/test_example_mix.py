@@ -1,0 +1,129 @@
+"""Mixing the examples of whole batches (dataecho.stages.example_mix), alone and after echo."""
+
+from __future__ import annotations
+
+import collections
+from typing import NamedTuple
+
+import pytest
+import torch
+from conftest import run_test_save_load_state
+
+from dataecho import EchoingDataLoader
+from dataecho.stages import echo, mix_examples
+
+
+def batches(n: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` examples in batches of ``size`` (the last one short): images filled with the
+    example's index, and the index as label."""
+    out = []
+    for start in range(0, n, size):
+        ids = torch.arange(start, min(n, start + size))
+        out.append((ids.view(-1, 1, 1).expand(-1, 2, 2).float().clone(), ids))
+    return out
+
+
+def ids(stream) -> list[int]:
+    return [int(y) for _, ys in stream for y in ys]
+
+
+@pytest.mark.parametrize("buffer_size", [0, 1, 3, 10, 100])
+def test_every_example_leaves_once_in_batches_of_the_sizes_that_came_in(buffer_size):
+    source = batches(23, 5)
+    node = mix_examples(source, buffer_size, seed=0)
+    out = list(node)
+    assert [len(y) for _, y in out] == [5, 5, 5, 5, 3]
+    assert sorted(ids(out)) == list(range(23))
+    for x, y in out:  # the rows of every leaf move together
+        assert torch.equal(x[:, 0, 0], y.float())
+    assert node.stats.fresh_items == node.stats.items_out == 5
+
+
+def test_copies_of_one_batch_spread_over_the_batches_that_follow():
+    out = list(mix_examples(echo(batches(64, 8), 4, seed=0), 32, seed=1))
+    assert collections.Counter(ids(out)) == {i: 4 for i in range(64)}
+    # Without mixing each batch holds one source batch 4 times; mixed, most batches draw on
+    # several source batches and hardly any repeats an example within itself.
+    sources = [len({int(i) // 8 for i in y}) for _, y in out]
+    assert sum(s > 1 for s in sources) > 0.8 * len(out)
+    repeats = sum(len(y) - len(set(y.tolist())) for _, y in out)
+    assert repeats < 0.25 * 4 * 64
+
+
+def test_emitted_tensors_are_new_and_writing_them_changes_nothing_else():
+    node = mix_examples(echo(batches(16, 4), 3, seed=0, copy=False), 8, seed=2)
+    out = []
+    for x, y in node:
+        x.add_(1000)  # a consumer that augments in place
+        out.append((x, y))
+    for x, y in out:
+        assert torch.equal(x[:, 0, 0], y.float() + 1000)
+    pointers = [x.data_ptr() for x, _ in out]
+    assert len(set(pointers)) == len(pointers)
+
+
+class Pair(NamedTuple):
+    image: torch.Tensor
+    label: torch.Tensor
+
+
+def test_structures_keep_their_types():
+    dicts = [{"x": x, "y": y} for x, y in batches(10, 4)]
+    out = list(mix_examples(dicts, 4, seed=0))
+    assert all(set(b) == {"x", "y"} for b in out)
+    pairs = [Pair(x, y) for x, y in batches(10, 4)]
+    assert all(isinstance(b, Pair) for b in mix_examples(pairs, 4, seed=0))
+
+
+def test_bad_batches_and_sizes_are_refused_with_the_fix():
+    with pytest.raises(TypeError, match="str leaf.*shuffle_buffer=0"):
+        list(mix_examples([(torch.zeros(2), ["a", "b"])], 4, seed=0))
+    with pytest.raises(ValueError, match=r"shapes \[\(2,\), \(3,\)\]"):
+        list(mix_examples([(torch.zeros(2), torch.zeros(3))], 4, seed=0))
+    with pytest.raises(ValueError, match="buffer_size"):
+        mix_examples(batches(4, 2), -1)
+
+
+@pytest.mark.parametrize("factor", [1, 2.5])
+def test_resume_at_every_position(factor):
+    recorded = run_test_save_load_state(
+        lambda: mix_examples(echo(batches(13, 3), factor, seed=4), 5, seed=7),
+        summary=lambda node: (node.stats.fresh_items, node.stats.items_out),
+        new_epoch=lambda node: None,  # each for loop's iter() starts the next epoch
+        end_may_start_next_epoch=True,
+    )
+    assert all(len(epoch) >= 5 for epoch in recorded)
+    assert ids(recorded[0]) != ids(recorded[1])  # each epoch mixes anew
+
+
+def test_the_device_loader_mixes_copies_across_batches():
+    class Images(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return torch.full((1, 2, 2), float(i)), i
+
+    loader = EchoingDataLoader(Images(), batch_size=8, echo_factor=4, where="device",
+                               shuffle_buffer=32, seed=0)  # fmt: skip
+    out = list(loader)
+    assert len(out) == len(loader) == 32
+    assert collections.Counter(ids(out)) == {i: 4 for i in range(64)}
+    assert sum(len({int(i) // 8 for i in y}) > 1 for _, y in out) > 0.8 * len(out)
+    assert loader.stats.fresh_examples == 64 and loader.stats.examples_out == 256
+
+
+def test_rows_of_any_dtype_and_layout_move_whole():
+    def batch(start: int, n: int):
+        i = torch.arange(start, start + n)
+        odd = torch.zeros(2 * n + 1, dtype=torch.uint8)[1:].view(n, 2)  # misaligned for int16
+        odd[:, 0] = i.to(torch.uint8)
+        return {"f": i.float().view(n, 1).expand(n, 3), "odd": odd, "flag": i % 2 == 0, "i": i}
+
+    out = list(mix_examples([batch(0, 6), batch(6, 6), batch(12, 3)], 5, seed=0))
+    assert sorted(int(i) for b in out for i in b["i"]) == list(range(15))
+    for b in out:
+        assert torch.equal(b["f"], b["i"].float().view(-1, 1).expand(-1, 3))
+        assert torch.equal(b["odd"][:, 0].long(), b["i"]) and not b["odd"][:, 1].any()
+        assert torch.equal(b["flag"], b["i"] % 2 == 0)
+        assert b["f"].dtype == torch.float32 and b["flag"].dtype == torch.bool
