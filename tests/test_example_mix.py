@@ -80,6 +80,8 @@ def test_bad_batches_and_sizes_are_refused_with_the_fix():
         list(mix_examples([(torch.zeros(2), ["a", "b"])], 4, seed=0))
     with pytest.raises(ValueError, match=r"shapes \[\(2,\), \(3,\)\]"):
         list(mix_examples([(torch.zeros(2), torch.zeros(3))], 4, seed=0))
+    with pytest.raises(ValueError, match=r"one dtype and shape; got \[\('torch.float32', \(3,\)\)"):
+        list(mix_examples([torch.zeros(2, 2), torch.zeros(2, 3)], 4, seed=0))
     with pytest.raises(ValueError, match="buffer_size"):
         mix_examples(batches(4, 2), -1)
 
@@ -127,3 +129,16 @@ def test_rows_of_any_dtype_and_layout_move_whole():
         assert torch.equal(b["odd"][:, 0].long(), b["i"]) and not b["odd"][:, 1].any()
         assert torch.equal(b["flag"], b["i"] % 2 == 0)
         assert b["f"].dtype == torch.float32 and b["flag"].dtype == torch.bool
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_pool_and_its_draws_stay_there_and_resume_exactly():
+    source = [(x.cuda(), y.cuda()) for x, y in batches(40, 8)]
+    out = list(mix_examples(source, 16, seed=0, device="cuda"))
+    assert all(x.is_cuda and y.is_cuda for x, y in out)
+    assert sorted(ids(out)) == list(range(40))
+    run_test_save_load_state(
+        lambda: mix_examples(echo(source, 2, seed=0), 16, seed=3, device="cuda"),
+        new_epoch=lambda node: None,
+        end_may_start_next_epoch=True,
+    )

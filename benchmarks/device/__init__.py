@@ -11,8 +11,9 @@ Sections (one process, cases interleaved in rounds; report in bench-results/devi
    batches; a resume from ``state_dict()`` continues bit for bit.
 2. steps/s at e = 1, 2, 4, 8 of host-side batch echo (``where="batch"``, augmented in the
    worker, each copy sent to the device again) vs device-side echo (``where="device"``, each
-   copy augmented on the device), on an upstream paced at R x t_down per batch; each over no
-   echo's steps/s and over the target 0.95 x min(e, R).
+   copy augmented on the device; and, from e = 2, with the copies' examples mixed across
+   batches on the device), on an upstream paced at R x t_down per batch; each over no echo's
+   steps/s and over the target 0.95 x min(e, R).
 3. the loader worker's CPU per fresh batch: no echo, host-side example echo e = 4, device-side
    echo e = 4 (target: at most no echo's + 10%).
 

@@ -128,8 +128,9 @@ def throughput_section(
     period = a.ratio * t_down  # seconds per fresh batch, all workers together
     per_worker = period * max(1, a.workers)
     data = PacedShapes(STREAM, shape, per_worker / a.batch_size, per_worker)
-    modes = ["host", "device"] if have_device else ["host"]
-    cases = [(mode, e) for e in a.factors for mode in modes]
+    modes = ["host", "device", "device_mixed"] if have_device else ["host"]
+    # At e = 1 mixing only shuffles: the mixed case runs where there are copies to mix.
+    cases = [(m, e) for e in a.factors for m in modes if m != "device_mixed" or e > 1]
     windows = throughput.run(plan, data, cases, aug, step, log)
     return (
         f"## 2. Steps/s, host-side vs device-side echo (R = {a.ratio:g})\n\n"

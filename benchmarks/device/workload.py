@@ -30,10 +30,12 @@ from benchmarks.common import PacedImages
 from dataecho import EchoingDataLoader
 from dataecho.augment import ShiftFlip
 
-MODES = ("host", "host_example", "device")
+MIX_BATCHES = 10  # device_mixed's pool, in batches' worth of examples
+MODES = ("host", "host_example", "device", "device_mixed")
 """host: ``where="batch"``, augmented in the worker, each copy sent to the device again;
 host_example: ``where="before_augment"``, each copy augmented in the worker; device:
-``where="device"``, each copy augmented on the device."""
+``where="device"``, each copy augmented on the device; device_mixed: the same, the copies'
+examples mixed across batches through a pool of ten batches' examples (the demo's setting)."""
 
 
 class PacedShapes(Dataset):
@@ -181,10 +183,10 @@ def build_loader(spec: LoaderSpec, data: Any, mode: str, e: float, aug: Any) -> 
         )
     if mode == "host_example":
         return EchoingDataLoader(data, where="before_augment", batch_transform=aug, **shared)
-    if mode == "device":
-        return EchoingDataLoader(
-            data, where="device", device=spec.device, device_transform=aug, **shared
-        )
+    if mode in ("device", "device_mixed"):
+        mix = MIX_BATCHES * spec.batch_size if mode == "device_mixed" else 0
+        return EchoingDataLoader(data, where="device", device=spec.device, device_transform=aug,
+                                 shuffle_buffer=mix, **shared)  # fmt: skip
     raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
