@@ -52,6 +52,7 @@ class Result:
     seconds_to_target: float | None
     history: list[dict[str, float]] = field(default_factory=list)
     skipped_records: int = 0
+    worker_ms_per_fresh_batch: float | None = None
 
 
 def curve(points, factor):
@@ -91,6 +92,7 @@ def results():
         20_000,
         16.0,
         curve([(10_000, 8.0, 0.80), (20_000, 16.0, 0.855)], 4.0),
+        worker_ms_per_fresh_batch=12.34,
     )
     missed = Result(
         Cfg("auto", "auto"),
@@ -134,8 +136,8 @@ def test_table_has_one_aligned_line_per_run():
     assert len(lines) == 2 + 3 and set(lines[1]) <= {"-", " "}
     assert len({len(line) for line in lines}) == 1  # aligned
     assert lines[3].split()[:2] == ["e=4", "4"]
-    assert lines[3].split()[-2:] == ["2.50x", "3.00x"]
-    assert lines[4].split()[3:5] == ["missed", "missed"] and lines[4].split()[-2:] == ["-", "-"]
+    assert lines[3].split()[-3:] == ["2.50x", "3.00x", "12.3"]  # worker ms per fresh batch
+    assert lines[4].split()[3:5] == ["missed", "missed"] and lines[4].split()[-3:] == ["-"] * 3
 
 
 def test_files_hold_every_evaluation_the_table_and_a_real_image(tmp_path):
@@ -155,7 +157,8 @@ def test_files_hold_every_evaluation_the_table_and_a_real_image(tmp_path):
     assert table[0] == "| " + " | ".join(COLUMNS) + " |"
     cells = [c.strip() for c in table[3].strip("|").split("|")]
     assert cells[0] == "e=4" and cells[3] == "16.0" and cells[4] == "20,000"
-    assert cells[-2:] == ["2.50x", "3.00x"]
+    assert cells[-3:] == ["2.50x", "3.00x", "12.3"]
+    assert "worker ms/fresh batch: CPU time of the loader's worker processes" in md
     # At 20,000 fresh examples the baseline's evaluation said 0.78: echoing is not behind.
     assert "0.8550 against 0.7800" in md and "+7.50 points" in md
     assert "EMULATION" not in md and "bad records skipped" not in md  # none skipped any

@@ -126,6 +126,14 @@ def test_same_seed_same_run_with_a_loader_worker_and_threads_restored(tiny):
     assert a.losses == b.losses and a.test_accuracy == b.test_accuracy and a.steps == b.steps
 
 
+def test_the_loader_workers_cpu_is_counted_per_fresh_batch(tiny):
+    r = train(tiny(num_workers=1, budget=512), log=quiet)
+    assert 0 < r.worker_cpu_seconds < 2 * r.wall_seconds + 5  # one worker, start-up included
+    assert r.worker_ms_per_fresh_batch == pytest.approx(
+        1e3 * r.worker_cpu_seconds / (r.fresh_examples / 64)
+    )
+
+
 def test_learns_beyond_chance_quickly(tiny):
     r = train(tiny(train_examples=2048, budget=2048), log=quiet)
     assert r.test_accuracy > 0.5  # 10 classes: chance is 0.1

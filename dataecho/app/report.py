@@ -27,7 +27,7 @@ from dataecho.app.ratios import ratios
 
 COLUMNS = (
     "run", "echo factor", "where", "wall s to target", "fresh to target", "steps", "stall",
-    "realized echo", "final test acc", "speedup wall", "speedup fresh",
+    "realized echo", "final test acc", "speedup wall", "speedup fresh", "worker ms/fresh batch",
 )  # fmt: skip
 LEADING_CSV = ("run", "echo_factor", "where")  # then every key of the history rows
 
@@ -62,6 +62,7 @@ class Row:
     accuracy: float | None
     speedup_wall: float | None = None
     speedup_fresh: float | None = None
+    worker_ms: float | None = None  # the loader workers' CPU per fresh batch
 
 
 def summarize(results: Sequence[Any]) -> list[Row]:
@@ -120,6 +121,7 @@ def _row(r: Any) -> Row:
         seconds_to_target=r.seconds_to_target, fresh_to_target=r.fresh_to_target,
         steps=r.steps, stall=r.wait_seconds / r.wall_seconds if r.wall_seconds > 0 else 0.0,
         realized=r.realized_factor, accuracy=r.test_accuracy,
+        worker_ms=getattr(r, "worker_ms_per_fresh_batch", None),
     )  # fmt: skip
 
 
@@ -137,6 +139,7 @@ def _cells(row: Row) -> tuple[str, ...]:
         f"{row.realized:.2f}", num(row.accuracy, ".4f"),
         num(row.speedup_wall, ".2f") + ("x" if row.speedup_wall else ""),
         num(row.speedup_fresh, ".2f") + ("x" if row.speedup_fresh else ""),
+        num(row.worker_ms, ".1f"),
     )  # fmt: skip
 
 
@@ -197,6 +200,9 @@ def _markdown(results: Sequence[Any], rows: list[Row], meta: ReportMeta) -> str:
         lines.append(f"- bad records skipped (on_bad_record=skip; never trained on): {skipped}")
     lines += ["", "## Results", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    lines += ["", "worker ms/fresh batch: CPU time of the loader's worker processes over the "
+              "whole run, per fresh batch read (reading, decoding, and whatever echo work the "
+              "insertion point puts there)."]  # fmt: skip
     if merits := ratios(results, rows, meta.ratio):
         lines += ["", "## Figures of merit", "", *(f"- {r.line()}" for r in merits)]
     lines += ["", "## Reading", "", *_reading(results, rows, meta)]

@@ -41,6 +41,17 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # training loss of every step
     skipped_records: int = 0  # bad shard records skipped (on_bad_record="skip"), all workers
+    # CPU seconds of this process's loader workers over the run (counted as they end); None
+    # where the platform does not count child processes.
+    worker_cpu_seconds: float | None = None
+
+    @property
+    def worker_ms_per_fresh_batch(self) -> float | None:
+        """The loader workers' CPU per fresh batch read, in milliseconds."""
+        batches = self.fresh_examples / self.config.batch_size
+        if self.worker_cpu_seconds is None or batches <= 0:
+            return None
+        return 1e3 * self.worker_cpu_seconds / batches
 
     @property
     def stall_fraction(self) -> float:
@@ -139,7 +150,7 @@ def log_line(cfg: TrainConfig, row: dict[str, float]) -> str:
 
 def train_result(
     cfg: TrainConfig, run: RunCounters, loader: EchoingDataLoader, final: tuple, history: list,
-    losses: list[float],
+    losses: list[float], worker_cpu_seconds: float | None = None,
 ) -> TrainResult:  # fmt: skip
     s = loader.stats
     reached = None if cfg.target is None else run.to_target is not None
@@ -164,7 +175,25 @@ def train_result(
         history=history,
         losses=losses,
         skipped_records=skipped_records(loader),
+        worker_cpu_seconds=worker_cpu_seconds,
     )
+
+
+def children_cpu_seconds() -> float | None:
+    """User + system CPU seconds of this process's child processes that ended and were waited
+    for (the loader's workers, once an epoch or the run closed them); None where the platform
+    does not count them."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_since(before: float | None, now: float | None) -> float | None:
+    """``now - before``, or None if either is unknown."""
+    return None if before is None or now is None else now - before
 
 
 def skipped_records(loader: EchoingDataLoader) -> int:
