@@ -62,10 +62,12 @@ def device_loader(n: int = 20, **kwargs) -> EchoingDataLoader:
     return EchoingDataLoader(Images(n), **args)
 
 
+@pytest.mark.parametrize("mix", [0, 6])  # examples mixed across batches, or batches whole
 @pytest.mark.parametrize("num_workers", [0, 1])
 @pytest.mark.parametrize("factor", [1, 3, 2.5])
-def test_counts_and_len_at_a_fixed_factor(factor, num_workers):
-    loader = device_loader(22, echo_factor=factor, num_workers=num_workers, shuffle=True)
+def test_counts_and_len_at_a_fixed_factor(factor, num_workers, mix):
+    loader = device_loader(22, echo_factor=factor, num_workers=num_workers, shuffle=True,
+                           shuffle_buffer=mix)  # fmt: skip
     for _ in range(2):  # each epoch draws its own fractional copies: len follows
         expected = len(loader)
         before = loader.stats.examples_out

@@ -98,8 +98,8 @@ class LoaderOptions:
         Choice(WHERE_CHOICES),
         "insertion point of the echo stage: before_augment (each copy augmented on its own), "
         "after_augment (identical copies), batch (whole batches repeat) or device (whole "
-        "batches repeat on the training device after one host-to-device copy, each copy "
-        "augmented there by device_transform)",
+        "batches repeat on the training device after one host-to-device copy, shuffle_buffer "
+        "mixes their examples there, and device_transform augments each copy)",
         "before_augment",
     )
     shuffle_buffer: int = _setting(
