@@ -48,3 +48,11 @@ def test_a_run_that_misses_the_target_is_shown_as_not_reached():
             {"pad": 1, "seed": 1, "e1": 1000, "echoed": 250}]  # fmt: skip
     [row] = augmentation.summarize(rows)
     assert row == ["pad 1 + flip", "not reached / 1,000", "500 / 250", "- / 4.00x", "-"]
+
+
+def test_the_shuffle_buffer_is_counted_in_the_insertion_points_unit():
+    def buffer(where: str) -> int:
+        return augmentation.shuffle_buffer(augmentation.parse_args(["--where", where]))
+
+    assert buffer("before_augment") == buffer("device") == 10 * 128  # examples
+    assert buffer("batch") == 10  # whole batches

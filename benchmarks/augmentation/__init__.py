@@ -6,8 +6,10 @@
 For each augmentation shift (``--augment-pad``), seed and echo factor (1 and ``--echo-factor``)
 it trains the demo's CNN to the target on the demo's shards read from disk (the same order as
 over HTTP, no bandwidth cap: fresh-example counts do not depend on time, so the machine's load
-does not matter) and counts the fresh examples to the target. The echoed run echoes before
-augmentation with a shuffle buffer of ``--shuffle-batches`` batches, as the demo does.
+does not matter) and counts the fresh examples to the target. The echoed run echoes at
+``--where`` (before augmentation by default; ``device``: after the copy to the training device,
+the copies' examples mixed there) with a shuffle buffer of ``--shuffle-batches`` batches' worth,
+as the demo does.
 
 The question it answers: the demo's baseline is slowed by its augmentation at an early
 target; is the saving then the method's, or the augmentation's? The table gives both: fresh
@@ -27,6 +29,7 @@ from dataecho.app.demo import SHUFFLE_BATCHES
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.train import TrainConfig, train
 from dataecho.app.upstream import prepare
+from dataecho.loader import WHERE_CHOICES
 
 DEFAULT_SHARDS = Path.home() / ".cache" / "dataecho" / "shards" / "fashion-mnist-all-1000"
 
@@ -38,7 +41,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pads", type=ints, default=[0, 1, 2, 3], help="shifts to try (default 0-3)")
     p.add_argument("--seeds", type=ints, default=[0, 1, 2], help="seeds (default 0,1,2)")
     p.add_argument("--echo-factor", type=float, default=4.0)
-    p.add_argument("--shuffle-batches", type=int, default=SHUFFLE_BATCHES)
+    p.add_argument(
+        "--shuffle-batches",
+        type=int,
+        default=SHUFFLE_BATCHES,
+        help="post-echo shuffle buffer (device: mixing pool), in batches' worth",
+    )
+    p.add_argument(
+        "--where",
+        choices=WHERE_CHOICES,
+        default="before_augment",
+        help="insertion point of both runs (default: %(default)s)",
+    )
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--eval-every", type=int, default=1000, help="fresh examples (default 1000)")
     p.add_argument("--eval-examples", type=int, default=5000)
@@ -59,13 +73,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def fresh_to_target(args: argparse.Namespace, pad: int, seed: int, echo: float) -> int | None:
     """Fresh examples one run needed to reach the target (None: not within the budget)."""
     cfg = TrainConfig(upstream=str(args.shards), data_dir=args.data_dir, echo_factor=echo,
-                      shuffle_buffer=0 if echo == 1 else args.shuffle_batches * args.batch_size,
-                      where="before_augment", augment_pad=pad, seed=seed,
+                      shuffle_buffer=0 if echo == 1 else shuffle_buffer(args),
+                      where=args.where, augment_pad=pad, seed=seed,
                       batch_size=args.batch_size, budget=args.budget,
                       target_accuracy=args.target, eval_every=args.eval_every,
                       eval_examples=args.eval_examples, num_workers=1, threads=1,
                       name=f"pad {pad} seed {seed} e={echo:g}")  # fmt: skip
     return train(cfg, log=lambda line: None).fresh_to_target
+
+
+def shuffle_buffer(args: argparse.Namespace) -> int:
+    """``--shuffle-batches`` in the unit of ``--where``: batches for "batch", else examples."""
+    return args.shuffle_batches * (1 if args.where == "batch" else args.batch_size)
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[list[str]]:
