@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 from typing import NamedTuple
 
 import pytest
@@ -142,3 +143,15 @@ def test_on_cuda_the_pool_and_its_draws_stay_there_and_resume_exactly():
         new_epoch=lambda node: None,
         end_may_start_next_epoch=True,
     )
+
+
+def test_mixing_time_is_work_and_the_sources_waits_are_not():
+    def slow():
+        for batch in batches(40, 8):
+            time.sleep(0.02)
+            yield batch
+
+    node = mix_examples(slow(), 16, seed=0)
+    list(node)
+    assert node.stats.wait_seconds >= 5 * 0.02
+    assert 0 < node.work_seconds < 0.02

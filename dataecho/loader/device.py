@@ -196,8 +196,9 @@ class DeviceTransform(BaseNode[Any]):
 
     It is the root of the device chain: it also puts on the device any tensor that a resume
     brought back from a checkpoint (:meth:`get_state` keeps every state tensor in host memory,
-    so a checkpoint loads anywhere). ``work_seconds``: time spent in ``fn``, which is work of
-    the training thread, not a wait for data.
+    so a checkpoint loads anywhere). ``work_seconds``: time spent in ``fn`` and in the source's
+    own ``work_seconds`` (the example mixing), which is work of the training thread, not a
+    wait for data.
     """
 
     def __init__(
@@ -216,7 +217,7 @@ class DeviceTransform(BaseNode[Any]):
         self.fn = fn
         self.seed = int(seed)
         self.generator = torch.Generator(device=device)
-        self.work_seconds = 0.0
+        self._fn_seconds = 0.0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -235,7 +236,11 @@ class DeviceTransform(BaseNode[Any]):
         try:
             return self.fn(batch, generator=self.generator)
         finally:
-            self.work_seconds += time.perf_counter() - start
+            self._fn_seconds += time.perf_counter() - start
+
+    @property
+    def work_seconds(self) -> float:
+        return self._fn_seconds + getattr(self.source, "work_seconds", 0.0)
 
     def get_state(self) -> dict[str, Any]:
         return {

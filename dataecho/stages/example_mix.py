@@ -10,6 +10,7 @@ or out costs a few tensor operations on its own rows (a scatter, a draw, a gathe
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -31,8 +32,9 @@ class MixExamples(Stage[Any]):
     Every leaf of a batch must be a tensor with one row per example, in one dtype and row
     shape (:mod:`~dataecho.stages.batch_rows`). The pool lives on ``device`` (None: the first
     batch's); the draws come from a generator there, so nothing waits on the host. Emitted
-    tensors are new (gathered). State: copies of the pool, its free slots, the sizes still due
-    and the generator's state.
+    tensors are new (gathered). ``work_seconds``: time spent mixing (the source's waits
+    excluded). State: copies of the pool, its free slots, the sizes still due and the
+    generator's state.
     """
 
     STAGE_ID = STAGE_MIX
@@ -50,6 +52,7 @@ class MixExamples(Stage[Any]):
         )
         super().__init__(source, seed=_validate.seed(seed))
         self.device = None if device is None else torch.device(device)
+        self.work_seconds = 0.0  # time spent mixing, waits for the source excluded
         self._start_epoch()
 
     def _start_epoch(self) -> None:
@@ -67,6 +70,13 @@ class MixExamples(Stage[Any]):
         return len(self._used) - len(self._free)
 
     def next(self) -> Any:
+        start, waited = time.perf_counter(), self.stats.wait_seconds
+        try:
+            return self._next()
+        finally:
+            self.work_seconds += time.perf_counter() - start - (self.stats.wait_seconds - waited)
+
+    def _next(self) -> Any:
         sizes = self._sizes
         while not self._exhausted and (not sizes or self._pooled < self.buffer_size + sizes[0]):
             try:
