@@ -187,11 +187,10 @@ def test_where_flag_reaches_the_echoed_runs(flags):
     assert [c.name for c in configs] == RUNS
     assert [c.where for c in configs[1:]] == [where, where]  # the no-echo run has no echo stage
     assert configs[1].echo_factor == 4.0 and configs[2].echo_factor == "auto"
-    # Ten batches' worth of shuffle buffer (forty on the device): whole batches for
-    # where=batch, else examples (the device mixes the copies' examples).
+    # Ten batches' worth of shuffle buffer: whole batches for where=batch, else examples (the
+    # device mixes the copies' examples).
     per_batch = 1 if where == "batch" else QUICK.batch_size
-    batches = 40 if where == "device" else 10
-    assert [c.shuffle_buffer for c in configs] == [0, batches * per_batch, batches * per_batch]
+    assert [c.shuffle_buffer for c in configs] == [0, 10 * per_batch, 10 * per_batch]
 
 
 def test_bad_where_is_a_usage_error(capsys):

@@ -42,11 +42,10 @@ DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
 DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
 # A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
 EXAMPLES_PER_SHARD = 1000
-SHUFFLE_BATCHES = 10  # post-echo shuffle buffer, in batches' worth
-# The device's mixing pool, in batches' worth: device memory holds it easily, a draw costs
-# about the same, and copies spread further (benchmarks/augmentation: 2.56x -> 2.84x fresh
-# saving at e = 4 against 10 batches, as echoing before augmentation with 10 saves 2.80x).
-DEVICE_MIX_BATCHES = 40
+# Post-echo shuffle buffer (the device's mixing pool), in batches' worth. A pool of 40 saves
+# more fresh examples on the device (benchmarks/augmentation), but on the CPU device its draws
+# take the training thread's time, which the runs at e = R have none of to spare.
+SHUFFLE_BATCHES = 10
 # The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the
 # loader worker does no per-copy work and the copies' examples mix on the device.
 DEFAULT_WHERE = "device"
@@ -203,8 +202,7 @@ def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> l
     """No echo, the fixed factor and auto, alike in all else; copies get a shuffle buffer."""
     # Spreads copies apart (Choi et al.); where=batch's buffer holds whole batches, the others
     # (the device's mixing too) hold examples.
-    batches = DEVICE_MIX_BATCHES if args.where == "device" else SHUFFLE_BATCHES
-    shuffle = batches * (1 if args.where == "batch" else plan.batch_size)
+    shuffle = SHUFFLE_BATCHES * (1 if args.where == "batch" else plan.batch_size)
     common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
                   budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,
