@@ -1,7 +1,7 @@
 """How much of echoing's fresh-example saving is the augmentation's?
 
-    python -m benchmarks augmentation                       # pads 0-3, seeds 0-2: ~35 min
-    python -m benchmarks augmentation --pads 2 --seeds 0    # one cell, ~2 min
+    python -m benchmarks augmentation                       # pads 0-3, seeds 0-2: ~10 min
+    python -m benchmarks augmentation --pads 2 --seeds 0    # one cell, ~1 min
 
 For each augmentation shift (``--augment-pad``), seed and echo factor (1 and ``--echo-factor``)
 it trains the demo's CNN to the target on the demo's shards read from disk (the same order as
