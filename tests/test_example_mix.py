@@ -11,7 +11,7 @@ import torch
 from conftest import run_test_save_load_state
 
 from dataecho import EchoingDataLoader
-from dataecho.stages import echo, mix_examples
+from dataecho.stages import echo, mix_examples, shuffle
 
 
 def batches(n: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -155,3 +155,10 @@ def test_mixing_time_is_work_and_the_sources_waits_are_not():
     list(node)
     assert node.stats.wait_seconds >= 5 * 0.02
     assert 0 < node.work_seconds < 0.02
+
+
+def test_a_state_of_another_stage_is_refused_with_the_way_out():
+    old = shuffle(batches(12, 4), 2, seed=0)  # where="device" shuffled whole batches so once
+    next(old)
+    with pytest.raises(ValueError, match="holds no example pool.*start the run anew"):
+        mix_examples(batches(12, 4), 8, seed=0).reset(old.state_dict())

@@ -191,7 +191,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
             contextlib.closing(batches),
         ):  # on the way out: batches, evaluation thread, handlers, workers, bar
             while not run.done:
-                worked = loader.stats.work_seconds
+                work_before = loader.stats.work_seconds
                 batch = signals.fetch(batches)
                 if batch is None:  # signalled, and no batch within the grace: stop
                     stop_on_signal(sync.void_exchange(control([0, 0], void=True), probe,
@@ -207,7 +207,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                 optimizer.step()
                 # The training thread's compute per step: the step, and the loader's work on
                 # this thread (where=device: augmenting the copy), so R's t_down holds it all.
-                worked = loader.stats.work_seconds - worked
+                worked = loader.stats.work_seconds - work_before
                 run.step_seconds += time.perf_counter() - t0 + worked
                 run.steps += 1
                 losses.append(loss.item())

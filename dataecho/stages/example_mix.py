@@ -150,6 +150,13 @@ class MixExamples(Stage[Any]):
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
+        if "pool" not in state:
+            raise ValueError(
+                "this state holds no example pool (keys: "
+                f"{', '.join(sorted(state))}): it comes from another stage, such as the whole-"
+                "batch shuffle that where='device' used before it mixed examples; resume it "
+                "with the dataecho that wrote it, or start the run anew"
+            )
         self._start_epoch()
         if state["pool"] is not None:
             self._layout = RowLayout(state["pool"])
