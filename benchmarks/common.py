@@ -21,6 +21,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ from dataecho.app.workloads.cnn import SmallCNN
 
 K = TypeVar("K")
 V = TypeVar("V")
+D = TypeVar("D")  # a dataclass of measurements
 
 REPO = Path(__file__).resolve().parents[1]
 # Generated reports, CSVs and plots; each benchmark's curated figures are its RESULTS.md.
@@ -160,6 +162,12 @@ def interleaved(
                 log(f"[round {r + 1}/{rounds}, case {i + 1}/{len(cases)}] {describe(case)}")
             results[case].append(run(case))
     return results
+
+
+def add_fields(a: D, b: D) -> D:
+    """The field-wise sum of two measurements of one dataclass type (counts, seconds, and
+    lists of per-round figures, which concatenate): windows summed over rounds."""
+    return type(a)(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(a)})
 
 
 def markdown_table(

@@ -11,7 +11,7 @@ the worker's CPU. :func:`run` measures ``t_down`` first and runs every case inte
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from benchmarks import common
 from dataecho import EchoingDataLoader
@@ -75,8 +75,7 @@ class Window:
     per_round: list[float] = field(default_factory=list)  # steps/s of each round
 
     def __add__(self, other: Window) -> Window:
-        sums = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        return Window(**sums)
+        return common.add_fields(self, other)
 
 
 def run_case(

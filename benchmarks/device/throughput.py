@@ -35,16 +35,7 @@ class Window:
     per_round: list[float] = field(default_factory=list)  # steps/s of each round
 
     def __add__(self, other: Window) -> Window:
-        return Window(
-            self.wall + other.wall,
-            self.steps + other.steps,
-            self.fresh + other.fresh,
-            self.out + other.out,
-            self.in_next + other.in_next,
-            self.wait + other.wait,
-            self.compute + other.compute,
-            self.per_round + other.per_round,
-        )
+        return common.add_fields(self, other)
 
     @property
     def rate(self) -> float:

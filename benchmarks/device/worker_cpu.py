@@ -33,12 +33,7 @@ class Cost:
     per_round: list[float] = field(default_factory=list)  # worker ms per fresh batch
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(
-            self.worker + other.worker,
-            self.main + other.main,
-            self.fresh_batches + other.fresh_batches,
-            self.per_round + other.per_round,
-        )
+        return common.add_fields(self, other)
 
     def per_batch(self, seconds: float) -> float:
         return 1e3 * seconds / self.fresh_batches if self.fresh_batches else float("nan")

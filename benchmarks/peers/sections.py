@@ -38,14 +38,7 @@ class Window:
     per_round: list[float] = field(default_factory=list)  # steps/s of each round
 
     def __add__(self, other: Window) -> Window:
-        return Window(
-            self.wall + other.wall,
-            self.steps + other.steps,
-            self.fresh + other.fresh,
-            self.wait + other.wait,
-            self.compute + other.compute,
-            self.per_round + other.per_round,
-        )
+        return common.add_fields(self, other)
 
 
 @dataclass

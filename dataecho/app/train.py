@@ -89,9 +89,9 @@ from dataecho.app.training.recipe import (
 from dataecho.app.training.record import (
     RunCounters,
     TrainResult,
-    children_cpu_seconds,
     cpu_since,
     dataset_size,
+    ended_children_cpu_seconds,
     line_logger,
     train_result,
 )
@@ -150,7 +150,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                                disable=not cfg.progress or rank is not None,
                                total_steps=cfg.max_steps)  # fmt: skip
         start = time.perf_counter() - run.seconds  # after a resume: the checkpoint's wall time
-        children_before = children_cpu_seconds()
+        children_before = ended_children_cpu_seconds()
         if rank is not None:  # a rank's first row measures from here, resumed or not
             s = loader.stats
             run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, run.seconds]
@@ -231,7 +231,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
             run.seconds = time.perf_counter() - start
             counters = None if rank is None else rank.gather(rank_counters(rank, loader, run.steps))
         # The workers have stopped (and were waited for): their CPU is counted now.
-        worker_cpu = cpu_since(children_before, children_cpu_seconds())
+        worker_cpu = cpu_since(children_before, ended_children_cpu_seconds())
         # Stopped at a target found in the background: the final figures are those of the
         # weights that reached it (the evaluator's snapshot), as they are in line.
         at_target = evaluator is not None and run.to_target is not None and cfg.stop_at_target

@@ -179,7 +179,7 @@ def train_result(
     )
 
 
-def children_cpu_seconds() -> float | None:
+def ended_children_cpu_seconds() -> float | None:
     """User + system CPU seconds of this process's child processes that ended and were waited
     for (the loader's workers, once an epoch or the run closed them); None where the platform
     does not count them."""
