@@ -100,6 +100,37 @@ def test_train_reads_a_toml_config_and_flags_override_it(small_dir, tmp_path, ca
 
 @needs_data
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("where", "counts"),
+    # Batch echoing stops at the step that reaches the budget: the last fresh batch's copy
+    # is not trained on.
+    [("before_augment", "256 echoed examples (echo 2.00x), 8 steps"),
+     ("batch", "192 echoed examples (echo 1.75x), 7 steps")],
+    ids=["before_augment", "batch"],
+)  # fmt: skip
+def test_train_on_the_device_given_at_a_host_insertion_point(small_dir, where, counts, capsys):
+    code = main(["train", "--where", where, "--device", "cpu", "--data-dir", str(small_dir),
+                 "--train-examples", "256", "--budget", "256", "--echo-factor", "2",
+                 "--num-workers", "0", "--target-accuracy", "off", *TINY])  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0].endswith("; training on cpu")
+    assert out[-1].startswith(f"[e=2] 256 fresh + {counts}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a missing GPU")
+def test_a_device_this_machine_lacks_is_one_error_line_naming_the_fix(capsys):
+    assert main(["train", "--where", "before_augment", "--device", "cuda"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "dataecho train: error: device='cuda', but CUDA is not available here "
+        "(torch.cuda.is_available() is False); train on the CPU with --device cpu "
+        "(device='cpu'), or leave --device out to take a GPU only where there is one\n"
+    )
+
+
+@needs_data
+@pytest.mark.timeout(120)
 def test_profile_measures_an_input_bound_run_and_recommends_echoing(small_dir, capsys):
     # Reads of 1 ms per example: a batch of 32 takes ~32 ms, far longer than a CNN step.
     code = main(["profile", "--data-dir", str(small_dir), "--read-delay", "0.001",
@@ -140,7 +171,8 @@ def test_train_help_documents_every_option_with_its_range():
     for fragment in ("--config FILE", "an integer >= 1", "a number in (0, 1], default 0.85",
                      "default 1.8", "a number in [1, 1024], or 'auto'", "--no-resume",
                      "an integer in 0..18446744073709551615, default 0",
-                     "a number in [0, 3600], default 0"):  # fmt: skip
+                     "a number in [0, 3600], default 0",
+                     "--device DEVICE where the model and the training step run"):  # fmt: skip
         assert fragment in text, fragment
 
 

@@ -341,3 +341,48 @@ def test_a_bad_value_reads_the_same_from_python_a_flag_a_file_and_argparse(tmp_p
     with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(message)}$"):
         option.check.argparse_type("shuffle_buffer")("-1")
     assert issubclass(ConfigError, DataechoError) and issubclass(ConfigError, ValueError)
+
+
+def test_the_training_device_is_a_run_setting_read_from_python_flags_and_toml(tmp_path):
+    assert TrainConfig().device is None  # CUDA where it is available, else the CPU: at the run
+    assert TrainConfig(device=torch.device("cpu")).device == "cpu"
+    assert config_from(None, {"device": "cuda:1"}).device == "cuda:1"
+    assert config_from(None, {"device": "default"}).device is None
+    # Any insertion point: the device is where the step runs, not only where device echoes.
+    assert config_from(None, {"device": "cuda", "where": "before_augment"}).device == "cuda"
+    path = tmp_path / "run.toml"
+    path.write_text('device = "cpu"\nwhere = "batch"\n')
+    assert (config_from(path).device, config_from(path).where) == ("cpu", "batch")
+    option = next(o for o in options() if o.name == "device")
+    assert option.group == "machine" and "device" not in LOADER_KEYS
+    assert TrainConfig(**TrainConfig(device="cuda").to_dict()).device == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("where", "text", "message"),
+    [
+        ("flag", "gpu", r"--device: device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'; pass "
+         r"e.g. device='cuda'"),
+        ("flag", "mps", r"--device: device must be 'cpu', 'cuda' or 'cuda:N', got 'mps': a run "
+         r"trains on the CPU or a CUDA GPU"),
+        ("toml", "device = 0", r"run.toml: key 'device': device must be 'cpu', 'cuda' or "
+         r"'cuda:N' \(or a torch.device\), got 0 of type int"),
+        ("toml", '[loader]\ndevice = "cpu"', r"unknown key 'loader.device': device is a setting "
+         r"of the run, not of its loader"),
+    ],
+)  # fmt: skip
+def test_a_bad_device_names_the_flag_or_key_the_value_and_the_choices(tmp_path, where, text,
+                                                                        message):  # fmt: skip
+    path = tmp_path / "run.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=message):
+        config_from(None, {"device": text}) if where == "flag" else config_from(path)
+
+
+def test_the_loaders_device_comes_from_the_runs():
+    message = r"loader.device='cpu': .* from the run's device setting; pass device= \(--device\)"
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(loader=LoaderOptions(batch_size=8, where="device", device="cpu"))
+    # Its derived default (the CPU, for where="device") is no setting of the user's.
+    cfg = TrainConfig(loader=LoaderOptions(batch_size=8, where="device"), device="cpu")
+    assert cfg.where == "device" and cfg.device == "cpu"

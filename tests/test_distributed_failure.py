@@ -21,7 +21,7 @@ TIMEOUT = 4.0  # seconds a collective may wait: the hang case waits this long
 
 def _until_failure(rank: int, how: str) -> dict[str, Any]:
     """Rank 1 dies (SIGKILL) or freezes (SIGSTOP) after 3 all-reduces; rank 0 keeps going."""
-    info = init_group(timeout=TIMEOUT)
+    info = init_group(TIMEOUT, torch.device("cpu"))
     guard = Guard(info)
     time.sleep(2 * HEARTBEAT)  # both heartbeats running: a frozen one is told from a slow start
     t = torch.ones(1000)

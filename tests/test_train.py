@@ -22,7 +22,7 @@ from dataecho.app.checkpoint import (
 )
 from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
-from dataecho.app.train import TrainConfig, measure_step_seconds, train
+from dataecho.app.train import TrainConfig, make_loader, measure_step_seconds, train
 from dataecho.app.upstream import prepare
 
 pytestmark = [
@@ -48,9 +48,10 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture
 def tiny(data_dir):
-    """A config maker: 1,024 real examples, batches of 64, reads in the main process."""
+    """A config maker: 1,024 real examples, batches of 64, reads in the main process, trains
+    on the CPU (also where there is a GPU: the exact-resume tests compare bit for bit)."""
     base = TrainConfig(data_dir=data_dir, train_examples=1024, budget=1024, batch_size=64,
-                       eval_every=512, eval_examples=200, num_workers=0)  # fmt: skip
+                       eval_every=512, eval_examples=200, num_workers=0, device="cpu")  # fmt: skip
     return lambda **changes: dataclasses.replace(base, **changes)
 
 
@@ -74,6 +75,7 @@ def test_plain_run_counts_fresh_steps_time_and_history(tiny):
     assert [list(row) for row in r.history] == [HISTORY_KEYS] * 2
     assert [(row["fresh"], row["steps"]) for row in r.history] == [(512, 8), (1024, 16)]
     assert logs[0].startswith("[e=1] upstream: in memory: Fashion-MNIST train (1,024 examples)")
+    assert logs[0].endswith("; training on cpu")
     assert len(logs) == 3 and "fresh    1,024" in logs[-1] and "test acc" in logs[-1]
     assert 0.0 <= r.test_accuracy <= 1.0 and r.test_loss > 0 and r.val_loss is None
     # Evaluations count in the wall time: it holds the steps and the evaluations.
@@ -344,11 +346,27 @@ def test_measure_step_seconds_is_a_positive_duration_and_restores_threads():
     assert torch.get_num_threads() == 2
 
 
-def test_the_step_runs_where_device_echo_puts_the_batches(tiny):
-    from dataecho.app.train import training_device
+def test_the_training_device_is_one_setting_for_every_insertion_point(tiny, data_dir):
+    from dataecho.app.training.device import training_device
+    from dataecho.app.upstream import build_data
 
-    assert training_device(tiny(), None) == torch.device("cpu")
-    assert training_device(tiny(where="device", device="cpu"), None) == torch.device("cpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not available here.*pass device='cpu'"):
-            train(tiny(where="device", device="cuda"), log=quiet)
+    assert training_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert training_device("cpu") == torch.device("cpu")
+    data = build_data(tiny())
+    for where in ("before_augment", "batch", "device"):
+        loader = make_loader(tiny(where=where, device="cpu"), data, device=torch.device("cpu"))
+        # The loader echoes on the training device only where it echoes on a device at all.
+        assert loader.options.device == ("cpu" if where == "device" else None), where
+        assert loader.pin_memory is False  # pinned host memory only for copies to CUDA
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a missing GPU")
+@pytest.mark.parametrize("where", ["before_augment", "device"])
+def test_a_missing_cuda_device_is_refused_before_anything_runs_naming_the_fix(tiny, where):
+    logs = []
+    with pytest.raises(ValueError, match=r"device='cuda', but CUDA is not available here .*"
+                       r"train on the CPU with --device cpu \(device='cpu'\)"):  # fmt: skip
+        train(tiny(where=where, device="cuda"), log=logs.append)
+    assert logs == []
+    with pytest.raises(ValueError, match="CUDA is not available here"):  # before any rank starts
+        train(tiny(device="cuda:1", nproc=2), log=logs.append)

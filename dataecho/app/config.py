@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dataecho._validate import Bool, Check, Choice, Int, PathValue, Real, Text
-from dataecho.app.config_checks import RUN_LOADER_CHECKS, UpstreamSpec
+from dataecho.app.config_checks import RUN_LOADER_CHECKS, TrainingDevice, UpstreamSpec
 from dataecho.errors import DataechoError
 from dataecho.loader import LoaderOptions
 
@@ -43,10 +43,14 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
 # The targets `dataecho train` uses unless told otherwise ("off" for none): an accuracy the cnn
 # reaches within its budget, and a loss the char-lm reaches well within its own.
 CLI_TARGETS = {"cnn": ("target_accuracy", 0.85), "char-lm": ("target_loss", 1.8)}
-# make_loader sets these loader fields from the workload's data; the others are run settings.
+# make_loader sets these loader fields from the workload's data, and the loader's device (where
+# where="device" echoes) from the run's training device; the others are run settings.
 LOADER_FROM_DATA = ("transform", "batch_transform", "device_transform", "shuffle", "drop_last")
+LOADER_FROM_RUN = ("device",)
 _LOADER_FIELDS = {f.name: f for f in dataclasses.fields(LoaderOptions) if f.init}
-LOADER_KEYS = tuple(name for name in _LOADER_FIELDS if name not in LOADER_FROM_DATA)
+LOADER_KEYS = tuple(
+    name for name in _LOADER_FIELDS if name not in LOADER_FROM_DATA + LOADER_FROM_RUN
+)
 _LOADER_GROUPS = {"batch_size": "training", "read_ahead": "machine"}  # the rest: "echoing"
 # Upper limits of values that the machinery below takes in a fixed-size C number, or that no
 # real run needs; above them a run would fail deep inside (an overflow in time.sleep, a socket
@@ -175,6 +179,13 @@ class TrainConfig:
         "(dataecho.app.evaluation); a target counts as reached when that evaluation has finished, "
         "and the run stops then, a few steps past the snapshot",
     )  # fmt: skip
+    device: str | None = _opt(
+        None, TrainingDevice(), "machine",
+        "where the model and the training step run, whatever the insertion point; with "
+        "where=device the batches are echoed there too, otherwise each batch is moved there "
+        "in the loop (default: 'cuda' where torch.cuda.is_available(), else 'cpu'; data "
+        "parallel: 'cuda' is each rank's LOCAL_RANK GPU, over NCCL, and 'cpu' is over gloo)",
+    )  # fmt: skip
     num_workers: int = _opt(
         1, Int(0), "machine",
         "DataLoader worker processes that read, decode, echo and augment (0: in the training "
@@ -268,13 +279,17 @@ class TrainConfig:
                     f"loader must be a dataecho.loader.LoaderOptions or None, got "
                     f"{type(base).__name__}"
                 )
-            for name in LOADER_FROM_DATA:
-                if getattr(base, name) != _LOADER_FIELDS[name].default:
-                    raise ValueError(
-                        f"loader.{name}={getattr(base, name)!r}: a run's loader takes {name} "
-                        f"from the workload's data (make_loader); leave it at its default"
-                    )
             given = base.as_given()
+            for name in LOADER_FROM_DATA + LOADER_FROM_RUN:
+                if given[name] != _LOADER_FIELDS[name].default:
+                    source = (
+                        "the run's device setting; pass device= (--device) instead"
+                        if name in LOADER_FROM_RUN
+                        else "the workload's data (make_loader); leave it at its default"
+                    )
+                    raise ValueError(
+                        f"loader.{name}={given[name]!r}: a run's loader takes {name} from {source}"
+                    )
             for name in LOADER_KEYS:
                 if name not in changes:
                     loader_check(name).check(name, given[name])

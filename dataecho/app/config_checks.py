@@ -1,4 +1,5 @@
-"""The application's own kind of value (an upstream spec) and its limits on the loader's.
+"""The application's own kinds of value (an upstream spec, the training device) and its limits
+on the loader's.
 
 The checks themselves are the library's (:mod:`dataecho._validate`: ``check(name, value)``,
 ``parse(text)``, ``describe()``); they are named here too, as :mod:`dataecho.app.config`
@@ -21,6 +22,7 @@ from dataecho._validate import (
     Real,
     Text,
 )
+from dataecho.loader.options import DeviceName
 
 # The largest echo factor a run takes (fixed, or the most copies with "auto"). Each fresh item
 # is emitted that many times, so a factor past this only repeats the same data: the papers'
@@ -70,5 +72,23 @@ class UpstreamSpec(Check):
         return None if text.lower() in ("memory", "none") else text
 
 
+class TrainingDevice(DeviceName):
+    """Where a run trains: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (a ``torch.device`` too), or
+    None (CUDA where it is available, else the CPU). Whether this machine has it is checked
+    when the run starts (:func:`dataecho.app.training.device.training_device`)."""
+
+    def describe(self) -> str:
+        return "'cpu', 'cuda' or 'cuda:N'"
+
+    def check(self, name: str, value: Any) -> str | None:
+        device = super().check(name, value)
+        if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(
+                f"{name} must be {self.describe()}, got {device!r}: a run trains on the CPU or "
+                f"a CUDA GPU; pass e.g. {name}='cuda' or {name}='cpu'"
+            )
+        return device
+
+
 __all__ = ["MAX_ECHO_FACTOR", "RUN_LOADER_CHECKS", "Bool", "Check", "Choice", "EchoFactor",
-           "Int", "PathValue", "Real", "Text", "UpstreamSpec"]  # fmt: skip
+           "Int", "PathValue", "Real", "Text", "TrainingDevice", "UpstreamSpec"]  # fmt: skip

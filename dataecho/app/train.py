@@ -18,6 +18,11 @@ Time: ``wall_seconds`` runs from the first batch request to the last step, the p
 evaluations and checkpoint writes included: they are part of what a user waits for. Building
 the data before and the final whole-split evaluation after are outside it.
 
+Device: the model and the step run on ``device`` (CUDA where it is available, else the CPU),
+whatever the insertion point: with ``where="device"`` the loader echoes there, otherwise each
+batch is copied there in the loop (``non_blocking``, from pinned memory on CUDA). Evaluation
+runs on the CPU, on a copy of the weights.
+
 Threads: the step runs on ``threads`` torch threads (default 1) and the upstream in
 ``num_workers`` loader workers (default 1), so that on a small machine the step and the
 worker each have a core rather than fight for them.
@@ -76,6 +81,7 @@ from dataecho.app.training.checkpoints import (
     save,
     save_on_exit,
 )
+from dataecho.app.training.device import training_device
 from dataecho.app.training.loader import make_loader
 from dataecho.app.training.recipe import (
     build_model,
@@ -103,7 +109,6 @@ from dataecho.app.training.schedule import (
 )
 from dataecho.app.upstream import Data, build_data
 from dataecho.loader import EchoingDataLoader
-from dataecho.loader.device import resolve_device
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
 
@@ -122,12 +127,16 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
     """Train as ``config`` says; log one line per evaluation. See the module docstring."""
     cfg = config
     if cfg.nproc > 1 and not in_torchrun():
+        training_device(cfg.device, local_rank=cfg.nproc - 1)  # refused here, not in a rank
         return launch_ranks(cfg, train)  # every rank runs this function under torchrun
     with contextlib.ExitStack() as stack:
-        rank = stack.enter_context(join_group(cfg)) if in_torchrun() else None
+        if in_torchrun():
+            rank = stack.enter_context(join_group(cfg))
+            device = rank.info.device
+        else:
+            rank, device = None, training_device(cfg.device)
         stack.enter_context(torch_threads(cfg.threads))  # why 1: the module docstring
         me, world = (None, 1) if rank is None else (rank.rank, rank.world_size)
-        device = training_device(cfg, rank)
         say = line_logger(cfg, log) if me in (None, 0) else (lambda line: None)
         torch.manual_seed(cfg.seed)  # the model's initial weights, the same on every rank
         data = build_data(cfg)
@@ -144,7 +153,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         sync.start(loader.stats.fresh_examples)  # every rank from rank 0's model
         group = "" if rank is None else (f"{world} ranks ({rank.info.backend}, sync "
                                          f"{cfg.sync}); rank 0 ")  # fmt: skip
-        say(f"[{cfg.name}] {group}upstream: {data.description}")
+        say(f"[{cfg.name}] {group}upstream: {data.description}; training on {device}")
 
         bar = TrainingProgress(loader, desc=cfg.name, batch_size=cfg.batch_size,
                                disable=not cfg.progress or rank is not None,
@@ -245,14 +254,6 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
     return distributed_result(result, counters, fresh=run.fresh, rank=rank.rank, sync=cfg.sync)
 
 
-def training_device(cfg: TrainConfig, rank: Rank | None) -> torch.device:
-    """Where the step runs: a rank's device; in one process the CPU, or with
-    ``where="device"`` the loader's ``device`` (the batches arrive there)."""
-    if rank is not None:
-        return rank.info.device
-    return resolve_device(cfg.device) if cfg.where == "device" else torch.device("cpu")
-
-
 def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCounters,
             bar: TrainingProgress, rank: Rank | None) -> Iterator[Any]:  # fmt: skip
     """This process's batches, epoch after epoch, without end (each rank's epochs end on
@@ -275,18 +276,20 @@ def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCou
 
 def profile_run(cfg: TrainConfig, seconds: float = 10.0) -> ProfileReport:
     """Is the run ``cfg`` describes input-bound? Times its real upstream and its real step."""
+    device = training_device(cfg.device)
     with torch_threads(cfg.threads):
         torch.manual_seed(cfg.seed)
         data = build_data(cfg)
         model, optimizer = build_model(cfg, data)
+        model.to(device)
 
         def step(batch: Any) -> None:
-            loss = step_loss(cfg, model, batch)
+            loss = step_loss(cfg, model, to_device(batch, device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
 
-        loader = make_loader(cfg, data)
+        loader = make_loader(cfg, data, device=device)
         try:
             return profile(loader, step, seconds=seconds)
         finally:

@@ -1,12 +1,13 @@
 """The process group of a data-parallel run, and collectives that name the rank that failed.
 
-    info = init_group(timeout=300)      # from torchrun's RANK, WORLD_SIZE, MASTER_ADDR, ...
+    info = init_group(300, torch.device("cpu"))  # torchrun's RANK, WORLD_SIZE, MASTER_ADDR, ...
     guard = Guard(info)
     guard.run("all-reduce", lambda: dist.all_reduce(t))   # RankFailure names a dead rank
     shutdown_group()
 
-gloo on CPU, NCCL on GPU. ``timeout`` bounds every collective: a rank that hangs makes the
-others fail after it; one that dies makes them fail at once (its sockets close).
+gloo on CPU, NCCL on GPU (the rank's training device says which). ``timeout`` bounds every
+collective: a rank that hangs makes the others fail after it; one that dies makes them fail at
+once (its sockets close).
 
 Naming the rank: torch's errors say "connection closed" or "timed out", never which rank is
 gone. So each rank writes, in the group's rendezvous store, the number of the collective it
@@ -57,21 +58,26 @@ def in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_group(timeout: float) -> GroupInfo:
-    """Join the process group torchrun's environment describes (``env://``); NCCL when a GPU
-    is visible, else gloo. ``timeout``: seconds any collective may wait for the other ranks."""
+def local_rank() -> int:
+    """This process's rank on its machine (torchrun's ``LOCAL_RANK``; 0 without one)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def init_group(timeout: float, device: torch.device) -> GroupInfo:
+    """Join the process group torchrun's environment describes (``env://``): NCCL when
+    ``device``, where this rank trains, is a GPU (made the current one), else gloo.
+    ``timeout``: seconds any collective may wait for the other ranks."""
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     require_torchrun()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
-    return GroupInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend, device, timeout)
+    return GroupInfo(dist.get_rank(), dist.get_world_size(), local_rank(), backend, device,
+                     timeout)  # fmt: skip
 
 
 def require_torchrun() -> None:

@@ -20,9 +20,16 @@ import torch.distributed as dist
 
 from dataecho.app.checkpoint import list_checkpoints
 from dataecho.app.config import TrainConfig
-from dataecho.app.distributed.group import GroupInfo, Guard, init_group, shutdown_group
+from dataecho.app.distributed.group import (
+    GroupInfo,
+    Guard,
+    init_group,
+    local_rank,
+    shutdown_group,
+)
 from dataecho.app.distributed.signals import StopSignals, void
 from dataecho.app.distributed.sync import CommStats
+from dataecho.app.training.device import training_device
 
 
 @dataclass
@@ -86,12 +93,13 @@ class Rank:
 
 @contextmanager
 def join_group(cfg: TrainConfig) -> Iterator[Rank]:
-    """Join the group torchrun's environment describes; leave it on the way out.
+    """Join the group torchrun's environment describes, on this rank's training device
+    (``cfg.device``; "cuda" is the local rank's GPU); leave it on the way out.
 
     The signal handlers go in before the loader's workers are forked (they then block both
     signals: see :mod:`.signals`) and come out after the group is left (a signal forwarded
     meanwhile only sets a flag)."""
-    info = init_group(cfg.dist_timeout)
+    info = init_group(cfg.dist_timeout, training_device(cfg.device, local_rank=local_rank()))
     guard = Guard(info)
     with StopSignals(cfg.checkpoint_on_exit) as signals:
         try:

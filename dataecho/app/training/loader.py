@@ -16,10 +16,12 @@ def make_loader(
     """The echoing loader of ``cfg`` over ``data.train`` (also what ``dataecho profile`` times):
     ``cfg.loader``'s settings, with the augmentation and the read order of the data.
 
-    ``device``: where the step runs (a rank's GPU, say); with ``where="device"`` the batches
-    are echoed there, whatever ``cfg.device`` says.
+    ``device``: the training device (:func:`dataecho.app.training.device.training_device`;
+    None: the CPU). With ``where="device"`` the batches are echoed there; otherwise, on CUDA,
+    the workers' batches come in pinned memory, for the loop's ``non_blocking`` copy.
     """
-    changes = {"device": str(device)} if device is not None and cfg.where == "device" else {}
+    device = device or torch.device("cpu")
+    changes = {"device": str(device)} if cfg.where == "device" else {}
     options = cfg.loader.with_changes(
         **changes,
         transform=data.transform,
@@ -33,6 +35,7 @@ def make_loader(
         data.train,
         options=options,
         num_workers=cfg.num_workers,
+        pin_memory=device.type == "cuda",
         seed=cfg.seed,
         # Without checkpoints the workers need not send their state (shuffle buffer
         # included) every few batches; with them, the loader's default keeps a resume's
