@@ -291,6 +291,7 @@ class EchoingDataLoader:
         root, workers, reader = self._build_root()
         root.reset(resume["root"] if resume else None)
         settled = reader.stats.fresh_items if reader is not None else 0
+        workers.replaying(getattr(reader, "replayed_reads", 0))  # an adaptive reader's resume
         if resume is None:
             return EpochStart(root, workers, reader, settled, [])
         try:
