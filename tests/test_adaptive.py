@@ -431,6 +431,7 @@ def test_resume_across_anchors_is_exact_and_rereads_less_than_one_anchor_interva
     assert state["source"] == {"position": ANCHOR_EVERY}
     resumed = adaptive_echo(PositionNode(n), max_factor=1, queue_size=4, seed=0)
     resumed.reset(state)
+    assert resumed.replayed_reads == 7  # what a deferred count downstream must drop
     assert list(resumed) == list(range(len(taken), n))
     # From the anchor on: the 7 items emitted after it read again (not emitted), then the rest.
     assert resumed.source.reads == list(range(ANCHOR_EVERY, n))
@@ -465,3 +466,55 @@ def test_stream_invariants(n, max_factor, buffer_size, policy, queue_size):
     assert max(collections.Counter(out).values(), default=0) <= math.floor(max_factor)
     assert node.stats.fresh_examples == n and node.stats.examples_out == len(out)
     assert producer_threads() == []
+
+
+class Thirty(torch.utils.data.Dataset):
+    """Example i is (a float tensor of i, label i), 30 of them."""
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.full((2,), float(i)), i
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("where", "num_workers", "shuffle_buffer"),
+    [("batch", 0, None), ("batch", 0, 4), ("batch", 1, None), ("batch", 1, 4), ("device", 0, 4)],
+)
+def test_batch_auto_counts_each_fresh_example_once_across_a_resume_anywhere(
+    where, num_workers, shuffle_buffer
+):
+    # A resume reads the batches emitted since the reader's last anchor again, and drops
+    # them: counted before the checkpoint, they must not count again in the resumed epoch.
+    from dataecho import EchoingDataLoader
+
+    def make() -> EchoingDataLoader:
+        return EchoingDataLoader(
+            Thirty(), batch_size=4, echo_factor="auto", max_echo_factor=2, where=where,
+            device="cpu" if where == "device" else None, shuffle=True,
+            shuffle_buffer=shuffle_buffer, num_workers=num_workers, seed=0,
+        )  # fmt: skip
+
+    def ids(batches) -> set[int]:
+        return {int(y) for _, ys in batches for y in ys}
+
+    loader = make()
+    head, states = [], [torch_roundtrip(loader.state_dict())]
+    for batch in loader:
+        head.append(batch)
+        states.append(torch_roundtrip(loader.state_dict()))  # after each batch, and the end
+    assert loader.stats.fresh_examples == 30 and ids(head) == set(range(30))
+    states.append(torch_roundtrip(loader.state_dict()))
+    for k, state in enumerate(states):
+        resumed = make()
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        epochs = resumed.epoch + 1  # resumed after the last batch: the rest is the next epoch
+        at = (
+            f"resumed after {k} of {len(head)} batches: {resumed.stats.fresh_examples} fresh "
+            f"examples by epoch {resumed.epoch}"
+        )
+        assert resumed.stats.fresh_examples == 30 * epochs, at
+        assert ids(rest if epochs > 1 else head[:k] + rest) == set(range(30)), at

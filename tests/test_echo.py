@@ -12,7 +12,7 @@ from conftest import assert_same_stream, run_test_save_load_state, torch_roundtr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
-from torchdata.nodes import IterableWrapper
+from torchdata.nodes import IterableWrapper, Loader, Mapper
 
 from dataecho import _validate
 from dataecho.stages import (
@@ -22,6 +22,7 @@ from dataecho.stages import (
     adaptive_echo,
     as_node,
     echo,
+    mix_examples,
     shuffle,
     stochastic_echo,
 )
@@ -424,6 +425,132 @@ def test_resume_after_the_end_over_a_stateful_dataset_restores_it_first() -> Non
     resumed.reset(node.state_dict())
     # Restored at its end, then reset: a full pass, as the uninterrupted stage reads next.
     assert [item for item in resumed] == [item for item in node] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+class ResumesInPass:
+    """A stateful iterable: its state is its position in the pass; a loaded position is where
+    the next pass resumes, taken when that pass starts to run (a generator's body), and a pass
+    without one starts at 0. Restored at a pass's end, its next pass is empty, then a new one
+    starts: torchdata's ``IterableWrapper`` protocol."""
+
+    def __init__(self, items: list) -> None:
+        self.items, self.pos, self._resume = items, 0, 0
+
+    def __iter__(self):
+        self.pos, self._resume = self._resume, 0
+        while self.pos < len(self.items):
+            self.pos += 1
+            yield self.items[self.pos - 1]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = self.pos = int(state["pos"])
+
+
+class BackToStartAtTheEnd:
+    """A stateful iterable that is its own iterator; at a pass's end its position goes back to
+    0, so its state saved at the end restores to the start of the next pass."""
+
+    def __init__(self, items: list) -> None:
+        self.items, self.pos = items, 0
+
+    def __iter__(self) -> BackToStartAtTheEnd:
+        return self
+
+    def __next__(self):
+        if self.pos == len(self.items):
+            self.pos = 0
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = int(state["pos"])
+
+
+STATEFUL_SOURCES = {"resumes_in_pass": ResumesInPass, "back_to_start": BackToStartAtTheEnd}
+
+
+def ten_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.full((2, 3), float(i)), torch.tensor([2 * i, 2 * i + 1])) for i in range(10)]
+
+
+# Stage kind -> (stage over a node, the items of one pass).
+LOADER_STAGES = {
+    "echo": (lambda node: echo(node, 2, seed=0), lambda: list(range(10))),
+    "shuffle": (lambda node: shuffle(node, 4, seed=0), lambda: list(range(10))),
+    "adaptive": (lambda node: adaptive_echo(node, max_factor=1, seed=0), lambda: list(range(10))),
+    "stochastic": (
+        lambda node: stochastic_echo(node, load_prob=0.5, buffer_size=2, seed=0),
+        lambda: list(range(10)),
+    ),
+    "mix_examples": (lambda node: mix_examples(node, 5, seed=0), ten_batches),
+}
+
+
+def loader_epochs(root, epochs: int, state: dict | None = None) -> list[list]:
+    """``epochs`` epochs of ``torchdata.nodes.Loader(root)``, after loading ``state``."""
+    loader = Loader(root)
+    if state is not None:
+        loader.load_state_dict(state)
+    out = [list(loader) for _ in range(epochs)]
+    if isinstance(root, AdaptiveEcho):
+        assert root.close(timeout=5.0)
+    return out
+
+
+def state_at_the_end(root) -> dict:
+    """A ``torchdata.nodes.Loader``'s state after one full epoch of ``root``."""
+    loader = Loader(root)
+    assert list(loader)
+    state = torch_roundtrip(loader.state_dict())
+    if isinstance(root, AdaptiveEcho):
+        assert root.close(timeout=5.0)
+    return state
+
+
+def test_under_a_torchdata_loader_an_end_state_resumes_the_next_epoch_as_mapper_does() -> None:
+    def source() -> IterableWrapper:
+        return IterableWrapper(ResumesInPass(list(range(10))))
+
+    mapper = loader_epochs(
+        Mapper(source(), lambda x: x), 2, state_at_the_end(Mapper(source(), lambda x: x))
+    )
+    assert mapper == [list(range(10))] * 2  # the source resumes as torchdata expects
+    resumed = loader_epochs(
+        echo(source(), 2, seed=0), 2, state_at_the_end(echo(source(), 2, seed=0))
+    )
+    assert resumed == [[x for x in epoch for _ in range(2)] for epoch in mapper]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source", sorted(STATEFUL_SOURCES))
+@pytest.mark.parametrize("kind", sorted(LOADER_STAGES))
+def test_every_stage_under_a_torchdata_loader_resumes_from_an_end_state(kind, source) -> None:
+    stage, items = LOADER_STAGES[kind]
+
+    def make() -> Stage:
+        return stage(IterableWrapper(STATEFUL_SOURCES[source](items())))
+
+    want = loader_epochs(make(), 3)
+    assert want[1]
+    got = loader_epochs(make(), 2, state_at_the_end(make()))
+    for epoch in range(2):
+        assert_same_stream(got[epoch], want[epoch + 1], f"epoch {epoch + 1} after the resume")
+    # Without a Loader: reset to the end state, then the for loop's iter() starts the next epoch.
+    resumed = make()
+    saved = make()
+    assert list(saved)
+    resumed.reset(torch_roundtrip(saved.state_dict()))
+    assert_same_stream(list(resumed), want[1], "epoch 1 after reset")
+    for node in (resumed, saved):
+        if isinstance(node, AdaptiveEcho):
+            assert node.close(timeout=5.0)
 
 
 def test_state_without_an_end_flag_resumes_as_before() -> None:

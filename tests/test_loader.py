@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import multiprocessing
 import threading
 import time
@@ -11,7 +12,7 @@ import traceback
 
 import pytest
 import torch
-from conftest import run_test_save_load_state
+from conftest import assert_same_item, run_test_save_load_state, torch_roundtrip
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from dataecho import EchoingDataLoader, LoaderOptions
@@ -271,6 +272,61 @@ def test_state_before_iteration_and_between_epochs():
     assert resumed.state_dict()["root"] is None
     assert stream(resumed) == expected
     assert resumed.epoch == 1
+
+
+# Which state load_state_dict gets: (full epochs run before it is taken, batches after them).
+LOADED_STATES = {"before iteration": (0, 0), "mid-epoch": (0, 3), "end of epoch": (1, 0)}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("loaded", sorted(LOADED_STATES))
+def test_load_state_dict_on_a_live_loader_supersedes_its_iterator(loaded, num_workers):
+    def make():
+        return EchoingDataLoader(Numbers(12), batch_size=2, echo_factor=2, shuffle=True,
+                                 seed=3, num_workers=num_workers)  # fmt: skip
+
+    reference = make()
+    want = [labels_of(reference) for _ in range(3)]
+    epochs, k = LOADED_STATES[loaded]
+    saved = make()
+    for _ in range(epochs):
+        list(saved)
+    it = iter(saved)
+    for _ in range(k):
+        next(it)
+    state = torch_roundtrip(saved.state_dict())
+    saved.close()
+
+    loader = make()  # live: in epoch 1, its iterator mid-epoch
+    list(loader)
+    live = iter(loader)
+    live_head = [next(live) for _ in range(2)]
+    assert live_head
+    loader.load_state_dict(state)
+    assert_same_item(loader.state_dict(), state, "state_dict() after load_state_dict")
+    with pytest.raises(RuntimeError, match="ended by a newer iter"):
+        next(live)
+    # The next iter() starts where the loaded state says: in its epoch at its batch, or the
+    # epoch after a state taken between epochs.
+    assert labels_of(loader) == want[epochs][2 * k :]  # batches of 2 examples
+    assert loader.epoch == epochs
+    assert labels_of(loader) == want[epochs + 1]
+
+
+def test_load_state_dict_forgets_the_position_of_a_dropped_iterator():
+    def make():
+        return EchoingDataLoader(Numbers(12), batch_size=2, shuffle=True, seed=3)
+
+    initial = torch_roundtrip(make().state_dict())
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(2)]
+    del it  # dropped mid-epoch: state_dict() would still hold its position
+    gc.collect()
+    assert head and loader.state_dict()["root"] is not None
+    loader.load_state_dict(initial)
+    assert_same_item(loader.state_dict(), initial, "state_dict() after load_state_dict")
+    assert labels_of(loader) == labels_of(make()) and loader.epoch == 0
 
 
 def test_copies_never_alias_even_with_in_place_transforms():

@@ -85,8 +85,9 @@ class EchoingDataLoader:
     ``pin_memory``         with ``where="device"`` on CUDA, on whatever is passed: each fresh
                            batch is copied from pinned memory to ``device`` once, and echoed
                            there (:mod:`dataecho.loader.device`)
-    several iterators      a new ``iter()`` ends the previous one: its ``next()`` raises
-                           ``RuntimeError`` (the state belongs to one epoch at a time)
+    several iterators      a new ``iter()`` (or ``load_state_dict``) ends the previous one:
+                           its ``next()`` raises ``RuntimeError`` (the state belongs to one
+                           epoch at a time)
     =====================  ==================================================================
 
     Echo args (keyword-only): each of :class:`~dataecho.loader.options.LoaderOptions`' fields
@@ -291,6 +292,7 @@ class EchoingDataLoader:
         root, workers, reader = self._build_root()
         root.reset(resume["root"] if resume else None)
         settled = reader.stats.fresh_items if reader is not None else 0
+        workers.replaying(getattr(reader, "replayed_reads", 0))  # an adaptive reader's resume
         if resume is None:
             return EpochStart(root, workers, reader, settled, [])
         try:
@@ -388,8 +390,15 @@ class EchoingDataLoader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; the next ``iter()`` continues where it stopped."""
-        self.close()
+        """Resume from :meth:`state_dict`; the next ``iter()`` continues where it stopped.
+
+        The loader is then exactly as ``state`` says: an iterator still live ends (its
+        ``next()`` raises ``RuntimeError``, as after a newer ``iter()``) and a position kept
+        from a dropped one is forgotten."""
+        it = self._iterator
+        if it is not None:
+            it.supersede()  # stops its workers too
+        self._current, self._dropped = None, None
         self.seed = int(state["seed"])
         self.stats.load_state_dict(state["stats"])
         self._epoch = int(state["epoch"])

@@ -79,9 +79,10 @@ class EpochIterator:
     def __next__(self) -> Any:
         if self.superseded:
             raise RuntimeError(
-                "this EchoingDataLoader iterator was ended by a newer iter(loader): a loader "
-                "runs one epoch at a time (its state and workers belong to it); iterate the "
-                "newest iterator, or use a second loader for a second stream"
+                "this EchoingDataLoader iterator was ended by a newer iter(loader) or by "
+                "loader.load_state_dict(): a loader runs one epoch at a time (its state and "
+                "workers belong to it); iterate the newest iterator, or use a second loader for "
+                "a second stream"
             )
         if self.finished:
             raise StopIteration
@@ -120,7 +121,8 @@ class EpochIterator:
         return getattr(self.root, "work_seconds", 0.0) if self.root is not None else 0.0
 
     def supersede(self) -> None:
-        """A newer iterator took over: this one ends (see :meth:`__next__`)."""
+        """A newer iterator (or a loaded state) took over: this one ends (see
+        :meth:`__next__`)."""
         self.superseded = True
         self._on_drop = None
         self.close()

@@ -26,6 +26,8 @@ class WorkersNode(BaseNode[Any]):
 
     With ``deferred``, an adaptive stage's reader thread pulls batches ahead of the consumer:
     their fresh counts wait in ``pending`` until :meth:`settle` is told those batches reached it.
+    A resumed reader may first read again batches handed on before the checkpoint (see
+    :meth:`replaying`): counted then, they are dropped uncounted.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class WorkersNode(BaseNode[Any]):
         self._stats = stats
         self.deferred = deferred
         self.pending: collections.deque[int] = collections.deque()
+        self._replays = 0  # the first pending entries: a resume's replay, already counted
         # Only worker processes send small batches as pickled arrays (loader/transport.py).
         self._piped = loader.num_workers > 0 and pipeline.pipe_small_batches
         self._it: Iterator[Any] | None = None
@@ -61,6 +64,7 @@ class WorkersNode(BaseNode[Any]):
         self._stop = weakref.finalize(self, _shutdown_workers, self._it)
         self._stop.atexit = False
         self.pending.clear()  # a resume re-reads what was read ahead but not handed out
+        self._replays = 0
 
     def next(self) -> Any:
         batch, fresh = next(self._it)
@@ -72,9 +76,20 @@ class WorkersNode(BaseNode[Any]):
             self._stats.fresh_examples += fresh
         return batch
 
+    def replaying(self, reads: int) -> None:
+        """The first ``reads`` batches read since the reset are read again, not handed on: a
+        resumed reader reads from its last saved position past the batches it had handed on
+        (their fresh examples counted before the checkpoint)."""
+        self._replays = reads
+
     def settle(self, batches: int) -> None:
-        """``batches`` read-ahead batches reached the consumer: count their fresh examples."""
+        """``batches`` more read-ahead batches reached the consumer: count their fresh
+        examples, after dropping the replayed ones read before them."""
         for _ in range(batches):
+            # Only once a batch after them is handed on: the reader has read them all by then.
+            while self._replays:
+                self.pending.popleft()
+                self._replays -= 1
             self._stats.fresh_examples += self.pending.popleft()
 
     def get_state(self) -> dict[str, Any]:

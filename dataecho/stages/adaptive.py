@@ -154,6 +154,7 @@ class AdaptiveEcho(Stage[T]):
         self._since_anchor = 0  # fresh items emitted after it
         self._done = False  # the source ended (or raised) and everything was emitted
         self._closed = False
+        self.replayed_reads = 0  # see reset()
 
     @property
     def queued(self) -> int:
@@ -161,11 +162,16 @@ class AdaptiveEcho(Stage[T]):
         return self._producer.queue.qsize() if self._producer is not None else 0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Start the next epoch, or resume from ``initial_state``. ``replayed_reads``: how many
+        of the source's first reads since then re-read items emitted before the state was
+        saved (those after its anchor), never to be emitted again."""
         self.close()  # the source must be idle before it is reset
         super().reset(initial_state)
         self._closed = False
         self._source_state = self._source_state_now()
+        self.replayed_reads = 0
         if not self._done and not self._ended:  # a resumed end reads on only in the next epoch
+            self.replayed_reads = self._since_anchor
             self._producer = _Producer(self.source, self.queue_size, skip=self._since_anchor)
 
     def _start_epoch(self) -> None:

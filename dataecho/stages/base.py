@@ -58,7 +58,7 @@ class Stage(BaseNode[T], Generic[T]):
         self._epoch = -1
         self._rng = random.Random()
         self._ended = False  # this epoch raised StopIteration: the next iter() starts another
-        self._source_at_end: Any = None  # the source's saved state, while it is not restored
+        self._source_at_end: Any = None  # a resumed end's source state, until the next epoch
 
     def __iter__(self) -> Stage[T]:
         """The stage itself; after the epoch's end, first the next epoch (``reset(None)``)."""
@@ -89,27 +89,41 @@ class Stage(BaseNode[T], Generic[T]):
             # States saved before stages recorded the end resume as mid-epoch: the next
             # next() raises StopIteration, and the iter() after that starts the next epoch.
             self._ended = bool(initial_state.get("ended", False))
-            self._source_at_end = None
-            if self._ended and _restarted_from_saved_state(self.source):
-                # Only the next epoch reads the source again. Restored now, a plain iterable
-                # would be fast-forwarded through a whole epoch (a full read of a DataLoader)
-                # for nothing, and a loader started on its next epoch twice.
-                self._source_at_end = initial_state["source"]
-            else:
+            self._source_at_end = initial_state["source"] if self._ended else None
+            if not (self._ended and _restarted_from_saved_state(self.source)):
+                # Only the next epoch reads a deferred source again. Restored now, a plain
+                # iterable would be fast-forwarded through a whole epoch (a full read of a
+                # DataLoader) for nothing, and a loader started on its next epoch twice.
                 self.source.reset(initial_state["source"])
             self._rng.setstate(_as_rng_state(initial_state["rng"]))
             self.stats.load_state_dict(initial_state["stats"])
             self._load_stage_state(initial_state)
 
     def _restart_source(self) -> None:
-        """Start the source's next epoch (from its saved state after a resumed end)."""
+        """Start the source's next epoch (after a resumed end: from its saved state)."""
         saved, self._source_at_end = self._source_at_end, None
-        iterable = getattr(self.source, "iterable", None)
-        if saved is not None and isinstance(iterable, Stateful):
-            # A loader's state from the end of an epoch makes its next iter() the next epoch,
-            # with its epoch count and seeds carried on.
-            iterable.load_state_dict(saved[IterableWrapper.ITERABLE_KEY])
+        if saved is not None:
+            if _restarted_from_saved_state(self.source):
+                iterable = self.source.iterable
+                if isinstance(iterable, Stateful):
+                    # A loader's state from the end of an epoch makes its next iter() the next
+                    # epoch, with its epoch count and seeds carried on.
+                    iterable.load_state_dict(saved[IterableWrapper.ITERABLE_KEY])
+            else:
+                self._finish_restored_pass(saved)
         self.source.reset(None)
+
+    def _finish_restored_pass(self, saved: Any) -> None:
+        """Let the source, restored at its end, reach that end, as it did before its state was
+        saved: a stateful dataset whose loaded position is taken up only when its pass starts
+        to run would otherwise start its next pass at that position, empty."""
+        try:
+            next(self.source)
+        except StopIteration:
+            return
+        # Its end state restores to the start of a new pass (its position went back to 0 at
+        # the end): restored again, the item just read is not lost to that pass.
+        self.source.reset(saved)
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -123,7 +137,7 @@ class Stage(BaseNode[T], Generic[T]):
         }
 
     def _source_state_now(self) -> Any:
-        """The source's state, or the saved one while a resumed end left it unrestored."""
+        """The source's state, or the saved one while the stage is at a resumed end."""
         if self._source_at_end is not None:
             return self._source_at_end
         return self.source.state_dict()
