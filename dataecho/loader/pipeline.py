@@ -128,7 +128,10 @@ class PipelineIterator:
             share: int | None = len(indices)
         else:
             source = IterableReader(owner.dataset)
-            share = iterable_share(owner.dataset)
+            # Its len, as len(loader) counts it (None: per-item draws). One that splits itself
+            # over several workers does so where the loader cannot see: each worker then gives
+            # its part of the whole's extra copies, and their total varies a little.
+            share = known_length(owner.dataset)
         node: BaseNode[Any] = Tagged(read_ahead(source, opts.read_ahead))
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
@@ -191,14 +194,6 @@ def copies_can_alias(opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any]
     """
     downstream_transform = opts.where == "before_augment" and opts.transform is not None
     return opts.copy and (downstream_transform or collate_fn is not default_collate)
-
-
-def iterable_share(dataset: Any) -> int | None:
-    """The examples one worker's pipeline is taken to read from an iterable dataset: its
-    ``len`` (None without one). A dataset that splits itself over several workers does so
-    where the loader cannot see: each worker then gives its share of the whole's extra copies,
-    and their total varies a little around the mean (as ``len(loader)`` is then approximate)."""
-    return known_length(dataset)
 
 
 def echo_stage(
