@@ -68,11 +68,13 @@ def device_loader(n: int = 20, **kwargs) -> EchoingDataLoader:
 def test_counts_and_len_at_a_fixed_factor(factor, num_workers, mix):
     loader = device_loader(22, echo_factor=factor, num_workers=num_workers, shuffle=True,
                            shuffle_buffer=mix)  # fmt: skip
-    for _ in range(2):  # each epoch draws its own fractional copies: len follows
-        expected = len(loader)
+    expected = len(loader)  # read once, as a trainer does: every epoch yields it
+    if factor == 2.5:  # 6 fresh batches, exactly 3 of them (chosen anew each epoch) thrice
+        assert expected == 6 * 2 + 3
+    for _ in range(2):
         before = loader.stats.examples_out
         batches = list(loader)
-        assert len(batches) == expected
+        assert len(batches) == expected == len(loader)
         counts = collections.Counter(labels(batches))
         assert set(counts) == set(range(22))
         if factor == int(factor):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from dataecho.stages import (
     shuffle,
     stochastic_echo,
 )
+from dataecho.stages.fixed_echo import epoch_copies
 
 
 def runs(stream: list) -> list[tuple[object, int]]:
@@ -36,11 +38,21 @@ def runs(stream: list) -> list[tuple[object, int]]:
 # --- the factor -------------------------------------------------------------------------------
 
 
-def test_fractional_factor_realized_over_20k_items() -> None:
+def test_fractional_factor_over_a_sized_source_is_exact() -> None:
     node = echo(range(20_000), 2.5, seed=0)
     out = list(node)
-    assert abs(len(out) / 20_000 - 2.5) < 0.03
+    assert len(out) == 50_000
+    assert node.stats.realized_factor == 2.5
+
+
+def test_fractional_factor_of_unknown_length_draws_per_item_with_the_exact_mean() -> None:
+    # A generator has no len: each item draws its extra copy on its own.
+    node = echo((i for i in range(20_000)), 2.5, seed=0)
+    out = list(node)
+    assert len(out) != 50_000  # the count varies...
+    assert abs(len(out) / 20_000 - 2.5) < 0.03  # ...around the exact mean
     assert abs(node.stats.realized_factor - 2.5) < 0.03
+    assert node.state_dict()["unseen"] is None
 
 
 @pytest.mark.parametrize("factor", [1, 2, 3, 5, 4.0])
@@ -50,14 +62,91 @@ def test_integer_factor_is_exact_in_order_and_adjacent(factor: float) -> None:
     assert out == [x for x in src for _ in range(int(factor))]
 
 
-def test_fractional_factor_draws_per_item() -> None:
+def test_fractional_factor_gives_exactly_half_the_items_an_extra_copy() -> None:
     # One draw for the whole dataset (a bug seen in the wild) would give a single run length.
     src = list(range(2_000))
     lengths = Counter(n for _, n in runs(list(echo(src, 2.5, seed=7))))
-    assert set(lengths) == {2, 3}
-    assert 0.4 < lengths[3] / len(src) < 0.6
+    assert lengths == {2: 1000, 3: 1000}
     # Copies stay adjacent and in source order, and nothing is lost.
     assert [k for k, _ in runs(list(echo(src, 2.5, seed=7)))] == src
+
+
+def expected_extras(factor: float, n: int) -> int:
+    """floor(frac * n + 1/2), by hand: the factor as the decimal it prints as."""
+    frac = Fraction(repr(float(factor))) % 1
+    return math.floor(frac * n + Fraction(1, 2))
+
+
+@pytest.mark.parametrize(
+    ("n", "factor", "extras"),
+    [
+        (10, 2.5, 5), (3, 1.5, 2), (1, 1.5, 1), (1, 1.4, 0), (0, 2.5, 0), (7, 1.1, 1),
+        (5, 2.3, 2),  # 1.5 rounds up, though the float 2.3 is 2.2999...
+        (9, 4 / 3, 3), (6, 1.999, 6), (23, 1.7, 16), (100, 1.01, 1),
+    ],
+)  # fmt: skip
+def test_extra_copies_per_epoch_are_round_half_up_of_frac_times_n(n, factor, extras) -> None:
+    assert expected_extras(factor, n) == extras
+    node = echo(list(range(n)), factor, seed=0)
+    for _ in range(3):  # every epoch, whichever items
+        out = list(node)
+        assert len(out) == n * math.floor(factor) + extras
+        assert len(out) == epoch_copies(factor, n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    factor=st.floats(1, 6, allow_nan=False),
+    n=st.integers(0, 300),
+    seed=st.integers(0, 2**32),
+    explicit=st.booleans(),
+)
+def test_count_is_exact_for_any_factor_and_length(factor, n, seed, explicit) -> None:
+    src = list(range(n))
+    # A list's len, or the length said outright over a source without one.
+    node = (
+        echo(iter(src), factor, seed=seed, length=n) if explicit else echo(src, factor, seed=seed)
+    )
+    counts = Counter(node)
+    whole = math.floor(factor)
+    assert sum(counts.values()) == n * whole + expected_extras(factor, n)
+    assert set(counts) == set(src)
+    assert all(c in (whole, whole + 1) for c in counts.values())
+
+
+def test_which_items_get_the_extra_copy_is_uniform_over_subsets() -> None:
+    # 6 items at 1.5: 3 get a second copy; across seeds each of the 20 subsets of 3 shows up,
+    # and each item is chosen about half the time.
+    subsets = Counter()
+    for seed in range(600):
+        counts = Counter(echo(list(range(6)), 1.5, seed=seed))
+        subsets[frozenset(i for i, c in counts.items() if c == 2)] += 1
+    assert len(subsets) == 20 and all(len(s) == 3 for s in subsets)
+    assert min(subsets.values()) >= 10  # 30 expected each
+    chosen = Counter(i for s, k in subsets.items() for i in s for _ in range(k))
+    assert all(250 <= chosen[i] <= 350 for i in range(6))  # 300 expected each
+    # The last item too: sequential selection does not favour the start.
+    node = echo(list(range(1000)), 1.1, seed=3)
+    extras = [i for i, c in Counter(node).items() if c == 2]
+    assert len(extras) == 100 and max(extras) > 800 and min(extras) < 200
+
+
+def test_length_said_outright_bounds_the_extra_copies() -> None:
+    # Shorter than the source: only the first 4 items may get an extra copy (2 of them).
+    counts = Counter(echo(list(range(10)), 1.5, seed=0, length=4))
+    assert sorted(counts.values()) == [1] * 8 + [2] * 2
+    assert all(counts[i] == 1 for i in range(4, 10))
+    # Longer than the source: the extra copies due to items never read are left out.
+    counts = Counter(echo(list(range(4)), 1.5, seed=0, length=1000))
+    assert sum(counts.values()) < 4 + 500 and set(counts.values()) <= {1, 2}
+    # length=0: no item gets an extra copy.
+    assert list(echo(list(range(3)), 2.5, seed=0, length=0)) == [0, 0, 1, 1, 2, 2]
+
+
+def test_a_dataloader_source_counts_its_batches() -> None:
+    loader = DataLoader(CountingDataset(), batch_size=5)  # 24 examples: 5 batches
+    out = list(echo(loader, 1.5, seed=0))
+    assert len(out) == 5 + 3  # floor(0.5 * 5 + 1/2) = 3 batches twice
 
 
 @pytest.mark.parametrize("factor", [1.0, 1.3, 2.5, 3.999])
@@ -139,9 +228,21 @@ def test_resume_at_every_position(factor: float, copy: bool, new_epoch: str) -> 
         new_epoch=NEW_EPOCH[new_epoch],
         end_may_start_next_epoch=True,
     )
-    assert len(rec[0]) >= 15
+    assert [len(epoch) for epoch in rec] == [epoch_copies(factor, 15)] * len(rec)
     if factor != int(factor):
         assert rec[0] != rec[1]  # a new epoch draws anew, also after a resume
+
+
+@pytest.mark.parametrize(("items", "length"), [(8, 5), (5, 8), (6, 6)])
+def test_resume_at_every_position_with_the_length_said_outright(items: int, length: int) -> None:
+    # A node source has no len: the stage counts from the length given.
+    rec = run_test_save_load_state(
+        lambda: echo(IterableWrapper(list(range(items))), 1.5, seed=2, length=length),
+        summary=lambda n: (n.stats.fresh_examples, n.stats.examples_out),
+        end_may_start_next_epoch=True,
+    )
+    if items >= length:
+        assert [len(epoch) for epoch in rec] == [items + expected_extras(1.5, length)] * 3
 
 
 class ForgetfulEcho(Echo):
@@ -166,6 +267,7 @@ def test_resume_with_tensor_items_and_a_node_source() -> None:
         factory, new_epoch=lambda node: None, end_may_start_next_epoch=True
     )
     assert len(rec[0]) >= 16
+    assert factory().state_dict()["unseen"] is None  # a node has no len: per-item draws
 
 
 def test_resume_of_an_unseeded_stage() -> None:
@@ -598,6 +700,20 @@ def test_bad_factor_errors_name_the_value_and_range(factor: object, exc: type, n
     assert f"got {named}" in msg
     assert "factor must be" in msg and ">= 1" in msg
     assert "factor=" in msg  # the fix: an example of a valid call
+
+
+@pytest.mark.parametrize(
+    ("length", "exc", "named"),
+    [(-1, ValueError, "-1"), (2.5, TypeError, "2.5"), ("3", TypeError, "'3'"),
+     (True, TypeError, "True")],
+)  # fmt: skip
+def test_bad_length_errors_name_the_value_range_and_fix(length, exc, named) -> None:
+    with pytest.raises(exc) as info:
+        echo(range(3), 2.5, length=length)
+    msg = str(info.value)
+    assert f"got {named}" in msg and "length must be" in msg and ">= 0" in msg
+    assert "number of items one epoch of the source has" in msg and "None" in msg
+    assert echo(range(3), 2.5, length=torch.tensor(3).item()).length == 3
 
 
 @pytest.mark.parametrize(("seed", "exc"), [(-1, ValueError), (1.5, TypeError), ("3", TypeError)])

@@ -59,8 +59,9 @@ class Recorder(L.LightningModule):
     """A linear model whose ``train_dataloader()`` is an EchoingDataLoader(``loader_kwargs``);
     ``trained`` gets (epoch, labels of the batch) for every training step."""
 
-    def __init__(self, loader_kwargs: dict, *, one_cycle: bool = False) -> None:
+    def __init__(self, loader_kwargs: dict, *, one_cycle: bool = False, n: int = N) -> None:
         super().__init__()
+        self.n = n  # examples in its training set
         with torch.random.fork_rng():
             torch.manual_seed(0)
             self.net = nn.Linear(4, 1)  # the same initial weights in every run
@@ -70,13 +71,13 @@ class Recorder(L.LightningModule):
         self.trained: list[tuple[int, list[int]]] = []
 
     def train_dataloader(self):
-        self.loader = EchoingDataLoader(Indexed(N), **self.loader_kwargs)
+        self.loader = EchoingDataLoader(Indexed(self.n), **self.loader_kwargs)
         return self.loader
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         self.trained.append((self.current_epoch, y.tolist()))
-        return nn.functional.mse_loss(self.net(x).squeeze(-1), y.float() / N)
+        return nn.functional.mse_loss(self.net(x).squeeze(-1), y.float() / self.n)
 
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=0.1)
@@ -158,6 +159,23 @@ def test_each_epoch_trains_len_batches_and_every_example_echo_factor_times(where
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     assert scheduler.total_steps == 32 and scheduler.last_epoch == 32
     assert module.loader.stats.fresh_examples == 2 * N and module.loader.stats.batches == 32
+
+
+@pytest.mark.parametrize("where", ["batch", "before_augment"])
+def test_a_fractional_factor_trains_every_example_every_epoch(where):
+    # Lightning reads len(loader) once: an epoch that yielded fewer batches than another would
+    # be cut short there, and some examples left untrained.
+    kwargs = {"batch_size": 8, "echo_factor": 2.5, "where": where, "shuffle": True, "seed": 0}
+    module = Recorder(kwargs, n=40)
+    trainer = fit(module, max_epochs=3)
+    assert [len(counts(epoch)) for epoch in module.epochs()] == [40, 40, 40]  # all trained
+    # 5 fresh batches, 3 of them twice more; or 100 examples in batches of 8.
+    assert len(module.loader) == 13 == trainer.num_training_batches
+    assert [len(epoch) for epoch in module.epochs()] == [13, 13, 13]
+    if where == "before_augment":  # exactly half of the examples 3 times, the rest twice
+        for epoch in module.epochs():
+            assert collections.Counter(counts(epoch).values()) == {3: 20, 2: 20}
+    assert module.loader.stats.fresh_examples == 3 * 40
 
 
 def test_lightning_epoch_e_trains_the_loaders_epoch_e():

@@ -30,7 +30,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from dataecho import _validate
 from dataecho.loader.device import DeviceTransform, ToDevice, resolve_device
 from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
-from dataecho.loader.length import epoch_batches
+from dataecho.loader.length import epoch_batches, fresh_batches
 from dataecho.loader.lifetime import DieWithParent
 from dataecho.loader.options import (
     LoaderOptions,
@@ -68,8 +68,9 @@ class EchoingDataLoader:
     =====================  ==================================================================
     DataLoader             EchoingDataLoader
     =====================  ==================================================================
-    ``len(loader)``        batches an epoch yields, echoed ones included (exact at a fixed
-                           factor, whatever the workers; an upper bound for ``"auto"``)
+    ``len(loader)``        batches an epoch yields, echoed ones included (exact and the same
+                           every epoch at a fixed factor, whatever the workers; an upper bound
+                           for ``"auto"``)
     ``batch_size=None``    refused: the echo stage forms the batches
     ``batch_sampler``      refused: batches are formed after echoing; pass ``sampler`` and
                            ``batch_size`` instead
@@ -232,10 +233,11 @@ class EchoingDataLoader:
         return self._epoch
 
     def __len__(self) -> int:
-        """Batches one epoch yields: for a map-style dataset, exact at a fixed factor (the
-        fractional draws are replayed from the seed), at most this many for "auto"; for an
-        iterable dataset, from its ``len`` as DataLoader does (``TypeError`` without one)."""
-        return epoch_batches(self, self._upcoming_epoch())
+        """Batches one epoch yields, the same every epoch: for a map-style dataset, exact at a
+        fixed factor (a fractional one gives a fixed number of items the extra copy), at most
+        this many for "auto"; for an iterable dataset, from its ``len`` as DataLoader does
+        (``TypeError`` without one)."""
+        return epoch_batches(self)
 
     @property
     def _iterator(self) -> EpochIterator | None:
@@ -261,12 +263,6 @@ class EchoingDataLoader:
         if it is not None and it.started:
             return None if it.finished else it.root.state_dict()
         return self._dropped
-
-    def _upcoming_epoch(self) -> int:
-        """The epoch being iterated (or resumed), else the one the next ``iter()`` starts."""
-        it = self._iterator
-        live = it is not None and it.started and not it.finished
-        return self._epoch if live or self._resume is not None else self._epoch + 1
 
     def _keep_dropped(self, root_state: dict[str, Any]) -> None:
         self._dropped = root_state
@@ -332,7 +328,7 @@ class EchoingDataLoader:
         node: BaseNode[Any] = workers
         key = (self._epoch, MAIN_PROCESS)
         if opts.echoes:
-            node = echo_stage(node, opts, derive_seed(self.seed, *key, STAGE_ECHO))
+            node = self._batch_echo(node, key)
         reader = node if batch_auto else None
         if opts.shuffle_buffer > 1:
             node = Shuffle(
@@ -352,12 +348,19 @@ class EchoingDataLoader:
         node: BaseNode[Any] = ToDevice(workers, device, ahead=self._copies_ahead())
         reader = node
         if opts.echoes:
-            node = reader = echo_stage(node, opts, derive_seed(self.seed, *key, STAGE_ECHO))
+            node = reader = self._batch_echo(node, key)
         if opts.shuffle_buffer > 1:  # the copies' examples spread over the batches that follow
             seed = derive_seed(self.seed, *key, STAGE_MIX)
             node = MixExamples(node, opts.shuffle_buffer, seed=seed, device=device)
         seed = derive_seed(self.seed, *key, STAGE_TRANSFORM)
         return DeviceTransform(node, device, opts.device_transform, seed=seed), workers, reader
+
+    def _batch_echo(self, source: BaseNode[Any], key: tuple[int, int]) -> BaseNode[Any]:
+        """The main process's echo stage over the fresh batches, told how many the workers
+        deliver this epoch, so a fractional factor gives a fixed number of them an extra copy
+        (and the epoch the ``len`` says)."""
+        seed = derive_seed(self.seed, *key, STAGE_ECHO)
+        return echo_stage(source, self.options, seed, length=fresh_batches(self))
 
     def _copies_ahead(self) -> bool:
         """Whether the device chain keeps the next fresh batch's copy in flight: on CUDA, with

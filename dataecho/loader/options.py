@@ -72,8 +72,9 @@ class LoaderOptions:
     )
     echo_factor: float | str = _setting(
         EchoFactor(),
-        "copies per fresh item (1 = off; 2.5 = 2 or 3 at random, 2.5 on average), or 'auto': "
-        "echo only while fresh data is late (dataecho.adaptive_echo)",
+        "copies per fresh item (1 = off; 2.5 = 3 copies of exactly half the items of each "
+        "epoch, chosen at random, and 2 of the rest), or 'auto': echo only while fresh data "
+        "is late (dataecho.adaptive_echo)",
         1.0,
     )
     max_echo_factor: float = _setting(

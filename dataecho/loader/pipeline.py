@@ -32,6 +32,7 @@ from dataecho.loader.snapshots import send_once
 from dataecho.loader.transport import to_wire
 from dataecho.stages import Echo, Shuffle
 from dataecho.stages.adaptive import AdaptiveEcho
+from dataecho.stages.fixed_echo import known_length
 from dataecho.stages.seeds import (
     STAGE_ECHO,
     STAGE_ORDER,
@@ -124,8 +125,13 @@ class PipelineIterator:
         if is_map_style(owner.dataset):
             indices = read_indices(owner, worker=worker, num_workers=num_workers)
             source: BaseNode[Any] = IndexedReader(owner.dataset, indices)
+            share: int | None = len(indices)
         else:
             source = IterableReader(owner.dataset)
+            # Its len, as len(loader) counts it (None: per-item draws). One that splits itself
+            # over several workers does so where the loader cannot see: each worker then gives
+            # its part of the whole's extra copies, and their total varies a little.
+            share = known_length(owner.dataset)
         node: BaseNode[Any] = Tagged(read_ahead(source, opts.read_ahead))
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
@@ -138,7 +144,7 @@ class PipelineIterator:
         def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
             if opts.echoes:
                 copy = copies_can_alias(opts, owner.collate_fn)
-                n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy)
+                n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=share)
             if opts.shuffle_buffer > 1:
                 n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
             return n
@@ -191,11 +197,18 @@ def copies_can_alias(opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any]
 
 
 def echo_stage(
-    source: BaseNode[Any], opts: LoaderOptions, seed: int, *, copy: bool | None = None
+    source: BaseNode[Any],
+    opts: LoaderOptions,
+    seed: int,
+    *,
+    copy: bool | None = None,
+    length: int | None = None,
 ) -> BaseNode[Any]:
     """The echo stage the options ask for: fixed factor, or adaptive for "auto".
 
-    ``copy``: whether copies are separate objects (default: ``opts.copy``).
+    ``copy``: whether copies are separate objects (default: ``opts.copy``). ``length``: the
+    items ``source`` delivers in the epoch, so that a fractional factor gives exactly its share
+    of extra copies (see :mod:`dataecho.stages.fixed_echo`); "auto" needs none.
     """
     copy = opts.copy if copy is None else copy
     if opts.adaptive:
@@ -210,7 +223,7 @@ def echo_stage(
             # make it reuse while fresh examples are on their way, and hold the reader back.
             queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
         )
-    return Echo(source, opts.echo_factor, seed=seed, copy=copy)
+    return Echo(source, opts.echo_factor, seed=seed, copy=copy, length=length)
 
 
 def close_chain(node: Any) -> None:

@@ -1,14 +1,25 @@
 """The echo stage: emit each upstream item ``factor`` times on average (Choi et al. 2019).
 
-A fractional factor repeats each item ``floor(factor)`` times plus once more with probability
-``factor - floor(factor)``, drawn independently *per item* (a single draw for the whole dataset
-is a known bug of one public implementation), so the mean is exactly ``factor``.
+A fractional factor repeats each item ``floor(factor)`` times, and a fixed number of the
+epoch's ``n`` items once more: exactly ``floor(frac * n + 1/2)`` of them, ``frac`` being
+``factor - floor(factor)`` (the factor read as the decimal it prints as, so 2.3 x 5 items is
+11.5, which gives 12 copies). Which items get the extra copy is a seeded draw, uniform over the
+subsets of that size: sequential selection sampling (item ``i`` gets it with probability
+``extra_left / (n - i)``), which is resumable from two counters. So every epoch has the same
+number of copies, and a training loop that reads ``len`` once sees every epoch whole.
+
+``n`` is the stage's ``length``, else ``len(source)`` (a list, a sized Dataset, a DataLoader's
+batch count), taken at each epoch's start. Items beyond ``n`` (a source longer than said) get
+no extra copy; a shorter one leaves some extra copies out. With ``n`` unknown (a generator),
+each item draws its extra copy on its own, with probability ``frac``: the mean is exactly
+``factor``, but the count varies from epoch to epoch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any, TypeVar
 
 from dataecho import _validate
@@ -20,11 +31,35 @@ from dataecho.stages.seeds import STAGE_ECHO
 T = TypeVar("T")
 
 
+def extra_copies(factor: float, n: int) -> int:
+    """How many of ``n`` items get the extra copy at ``factor``: ``floor(frac * n + 1/2)``.
+
+    Exact rational arithmetic on the factor as it prints (``repr``), so the tie 2.3 x 5 =
+    11.5 rounds up as it would by hand, not down as the binary float 2.2999... would."""
+    frac = Fraction(repr(float(factor))) % 1
+    return math.floor(frac * n + Fraction(1, 2))
+
+
+def epoch_copies(factor: float, n: int) -> int:
+    """The items an echo stage at ``factor`` emits for an epoch of ``n`` fresh ones."""
+    return n * math.floor(factor) + extra_copies(factor, n)
+
+
+def known_length(source: object) -> int | None:
+    """``len(source)``, or None where it has none (a generator, an unsized iterable dataset)."""
+    try:
+        return len(source)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError):
+        return None  # no __len__, or one that refuses (a DataLoader over an unsized stream)
+
+
 class Echo(Stage[T]):
     """Repeat every item of ``source``; see :func:`echo`.
 
-    State: the source's state after the item being echoed, that item (held pristine) and how
-    many copies of it are still due, so a resume neither re-reads nor skips it.
+    State: the source's state after the item being echoed, that item (held pristine), how many
+    copies of it are still due, and the selection's two counters (items of the epoch not yet
+    drawn for, extra copies still to give; None and 0 when the length is unknown), so a resume
+    neither re-reads nor skips an item and gives the same extra copies.
     """
 
     STAGE_ID = STAGE_ECHO
@@ -36,25 +71,52 @@ class Echo(Stage[T]):
         *,
         seed: int | None = None,
         copy: bool = True,
+        length: int | None = None,
     ) -> None:
         self.factor = _validate.echo_factor(factor)
+        if length is not None:
+            length = _validate.non_negative_int(
+                length,
+                name="length",
+                hint="pass the number of items one epoch of the source has, or None to take "
+                "len(source)",
+            )
         super().__init__(source, seed=_validate.seed(seed))
         self.copy = bool(copy)
+        self.length = length
+        self._sized = source  # what len() is asked of, each epoch, when length is None
         self._whole = math.floor(self.factor)
         self._extra_prob = self.factor - self._whole
         self._pending: Any = None
         self._copies = 0  # copies of _pending in all
         self._remaining = 0  # copies of _pending still to emit
+        self._unseen: int | None = None  # items of the epoch not drawn for yet (None: unknown)
+        self._extra_left = 0  # extra copies still to give among them
 
     def _start_epoch(self) -> None:
         self._pending, self._copies, self._remaining = None, 0, 0
+        n = self.length if self.length is not None else known_length(self._sized)
+        self._unseen = n
+        self._extra_left = 0 if n is None else extra_copies(self.factor, n)
+
+    def _draw_extra(self) -> bool:
+        """Whether the item just read gets the extra copy."""
+        if self._unseen is None:  # length unknown: an independent draw per item
+            return self._extra_prob > 0 and self._rng.random() < self._extra_prob
+        if self._unseen == 0:  # beyond the epoch's length: no extra copy
+            return False
+        left, unseen = self._extra_left, self._unseen
+        # Selection sampling: with k of the remaining m to choose, this one is chosen with
+        # probability k / m, which makes every subset of the epoch's size equally likely.
+        extra = left == unseen or (left > 0 and self._rng.random() * unseen < left)
+        self._unseen, self._extra_left = unseen - 1, left - int(extra)
+        return extra
 
     def next(self) -> T:
         if self._remaining == 0:
             self._pending = self._pull()
             self.stats.fresh_items += 1
-            extra = self._extra_prob > 0 and self._rng.random() < self._extra_prob
-            self._copies = self._remaining = self._whole + int(extra)
+            self._copies = self._remaining = self._whole + int(self._draw_extra())
         self._remaining -= 1
         self.stats.items_out += 1
         item = self._pending
@@ -67,29 +129,46 @@ class Echo(Stage[T]):
 
     def _get_stage_state(self) -> dict[str, Any]:
         pending = pack([self._pending] if self._remaining else [])
-        return {"pending": pending, "copies": self._copies, "remaining": self._remaining}
+        return {
+            "pending": pending,
+            "copies": self._copies,
+            "remaining": self._remaining,
+            "unseen": self._unseen,
+            "extra_left": self._extra_left,
+        }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
         pending = unpack(state["pending"])
         self._pending = pending[0] if pending else None
         self._copies = int(state["copies"])
         self._remaining = int(state["remaining"])
+        self._unseen = None if state["unseen"] is None else int(state["unseen"])
+        self._extra_left = int(state["extra_left"])
 
 
 def echo(
-    source: Iterable[T], factor: float, *, seed: int | None = None, copy: bool = True
+    source: Iterable[T],
+    factor: float,
+    *,
+    seed: int | None = None,
+    copy: bool = True,
+    length: int | None = None,
 ) -> Echo[T]:
-    """Iterate ``source`` emitting each item ``factor`` times on average.
+    """Iterate ``source`` emitting each item ``factor`` times (see the module docstring).
 
     Args:
         source: any iterable of items (examples or whole batches) or a torchdata node.
-        factor: echo factor >= 1; a fraction is drawn per item.
-        seed: seed of the per-item draws (None: fresh entropy, recorded in the state).
+        factor: echo factor >= 1. A fraction gives exactly ``floor(frac * n + 1/2)`` of an
+            epoch's ``n`` items one copy more, a seeded choice uniform over the items.
+        seed: seed of the draws (None: fresh entropy, recorded in the state).
         copy: emit independent copies of echoed items (see :mod:`dataecho.stages.copying`).
+        length: items in one epoch of ``source`` (None: ``len(source)`` at each epoch's start
+            where it has one; else each item draws its extra copy on its own, and the count
+            per epoch varies around the mean). Items beyond it get no extra copy.
 
     Returns:
         A resumable iterator (a ``torchdata.nodes.BaseNode``) with ``.stats``,
         ``state_dict()`` and ``reset(state)``. Once an epoch ended, the next ``iter()`` (a
         new ``for`` loop) starts the next one over the source iterated anew.
     """
-    return Echo(source, factor, seed=seed, copy=copy)
+    return Echo(source, factor, seed=seed, copy=copy, length=length)
