@@ -329,6 +329,108 @@ def test_load_state_dict_forgets_the_position_of_a_dropped_iterator():
     assert labels_of(loader) == labels_of(make()) and loader.epoch == 0
 
 
+def epoch_loader(num_workers: int = 0) -> EchoingDataLoader:
+    # A fractional factor: each epoch draws which items get the extra copy, and its order.
+    return EchoingDataLoader(
+        Numbers(13), batch_size=3, echo_factor=1.5, shuffle=True, shuffle_buffer=4,
+        transform=add_noise, seed=3, num_workers=num_workers,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_set_epoch_makes_the_next_iter_run_that_epoch(num_workers):
+    plain = epoch_loader(num_workers)
+    epochs = []
+    for _ in range(3):
+        expected = len(plain)
+        epochs.append(stream(plain))
+        assert len(epochs[-1]) == expected
+    assert len({repr(e) for e in epochs}) == 3  # each epoch its own draws
+    loader = epoch_loader(num_workers)
+    loader.set_epoch(2)
+    assert loader.epoch == 1 and len(loader) == len(epochs[2])
+    assert stream(loader) == epochs[2] and loader.epoch == 2
+    loader.set_epoch(0)  # back to an earlier epoch: its order again
+    assert stream(loader) == epochs[0]
+    # As a framework calls it, before each epoch: the epochs a plain loop gets.
+    loader = epoch_loader(num_workers)
+    for e in range(3):
+        loader.set_epoch(e)
+        assert stream(loader) == epochs[e]
+    state = loader.state_dict()
+    loader.set_epoch(1)  # between epochs the state follows: the next iter() runs epoch 1
+    assert loader.state_dict()["epoch"] == 0 and state["epoch"] == 2
+    with pytest.raises(ValueError, match=r"epoch must be >= 0, got -1"):
+        loader.set_epoch(-1)
+
+
+def test_set_epoch_ends_an_epoch_being_iterated_as_a_new_iter_does():
+    plain = epoch_loader()
+    stream(plain)
+    second = stream(plain)
+    loader = epoch_loader()
+    it = iter(loader)
+    next(it)
+    loader.set_epoch(1)
+    with pytest.raises(RuntimeError, match="ended by a newer iter"):
+        next(it)
+    assert loader.state_dict()["root"] is None  # the epoch left behind holds no position
+    assert stream(loader) == second
+    # An iterator made but not started yet runs the epoch set (its epoch starts lazily).
+    loader = epoch_loader()
+    it = iter(loader)
+    loader.set_epoch(1)
+    assert stream(it) == second
+
+
+def test_set_epoch_over_a_loaded_position_continues_it_or_refuses():
+    plain = epoch_loader()
+    epochs = [stream(plain) for _ in range(2)]
+    loader = epoch_loader()
+    list(loader)
+    it = iter(loader)
+    head = [next(it) for _ in range(2)]
+    mid_epoch_1 = torch_roundtrip(loader.state_dict())
+    del it, head
+    resumed = epoch_loader()
+    resumed.load_state_dict(mid_epoch_1)
+    resumed.set_epoch(1)  # the epoch it holds: continues it
+    assert stream(resumed) == epochs[1][2:]
+
+    resumed = epoch_loader()
+    resumed.load_state_dict(mid_epoch_1)
+    with pytest.raises(
+        ValueError, match=r"set_epoch\(3\) on a loader that holds a loaded position in epoch 1"
+    ):
+        resumed.set_epoch(3)
+    resumed.set_epoch(2)  # epoch 1 has batches left: the first next() says so
+    with pytest.raises(RuntimeError, match=r"has batches of that epoch left: call set_epoch\(1\)"):
+        next(iter(resumed))
+    state = resumed.state_dict()  # still the loaded position; the counts unchanged
+    assert_same_item(state["root"], mid_epoch_1["root"], "the position after the refusal")
+    for count in ("fresh_examples", "examples_out", "batches"):
+        assert state["stats"][count] == mid_epoch_1["stats"][count]
+    resumed.set_epoch(1)  # still loaded, counts and all: continues exactly
+    assert stream(resumed) == epochs[1][2:]
+    assert resumed.stats.batches == len(epochs[0]) + len(epochs[1])
+
+
+def test_set_epoch_after_a_position_saved_at_an_epochs_last_batch_runs_the_next_epoch():
+    # A framework that stops at len(loader) saves before the iterator sees the end.
+    plain = epoch_loader()
+    epochs = [stream(plain) for _ in range(2)]
+    loader = epoch_loader()
+    it = iter(loader)
+    for _ in range(len(epochs[0])):
+        next(it)
+    at_the_end = torch_roundtrip(loader.state_dict())
+    assert at_the_end["root"] is not None and at_the_end["epoch"] == 0
+    resumed = epoch_loader()
+    resumed.load_state_dict(at_the_end)
+    resumed.set_epoch(1)
+    assert stream(resumed) == epochs[1] and resumed.epoch == 1
+
+
 def test_copies_never_alias_even_with_in_place_transforms():
     source = [(torch.zeros(3), i) for i in range(8)]
 

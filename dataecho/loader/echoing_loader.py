@@ -226,11 +226,46 @@ class EchoingDataLoader:
         self._current: weakref.ref[EpochIterator] | None = None
         self._dropped: dict[str, Any] | None = None  # the position of a dropped iterator
         self._resume: dict[str, Any] | None = None
+        # set_epoch(p + 1) over a loaded position of epoch p: that position must be p's end.
+        self._resume_must_end = False
 
     @property
     def epoch(self) -> int:
-        """The epoch being (or last) iterated; -1 before the first."""
+        """The epoch being (or last) iterated; -1 before the first; ``e - 1`` after
+        ``set_epoch(e)`` until the next ``iter()`` starts epoch ``e``."""
         return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run epoch ``epoch``, whose order, echo draws and
+        augmentations come from the seed and the epoch, as a sampler's ``set_epoch`` does.
+        Frameworks that count epochs themselves (HF ``Trainer``) call it before each one.
+
+        Without it the next ``iter()`` runs ``loader.epoch + 1``. A position loaded by
+        ``load_state_dict`` in epoch ``p`` is kept: ``set_epoch(p)`` continues it, and so does
+        ``set_epoch(p + 1)`` when that position is the end of epoch ``p`` (a checkpoint taken
+        after its last batch; otherwise the first ``next()`` raises). An epoch being iterated
+        ends, as a new ``iter()`` ends it (frameworks keep the iterator of an epoch they cut at
+        ``len(loader)``): its ``next()`` raises ``RuntimeError``.
+        """
+        epoch = _validate.non_negative_int(epoch, name="epoch", hint="epochs count from 0")
+        it = self._iterator
+        if it is not None and it.started:
+            it.supersede()
+            self._current = None
+        if self._resume is not None:
+            resumed = self._epoch
+            if epoch not in (resumed, resumed + 1):
+                raise ValueError(
+                    f"set_epoch({epoch}) on a loader that holds a loaded position in epoch "
+                    f"{resumed}: set_epoch({resumed}) continues it (set_epoch({resumed + 1}) if "
+                    f"it was saved after the epoch's last batch); to start epoch {epoch} "
+                    "instead, use a new loader"
+                )
+            self._resume_must_end = epoch == resumed + 1
+            return
+        # A dropped iterator's position belongs to the epoch being left.
+        self._dropped = None
+        self._epoch = epoch - 1
 
     def __len__(self) -> int:
         """Batches one epoch yields, the same every epoch: for a map-style dataset, exact at a
@@ -282,6 +317,7 @@ class EchoingDataLoader:
         out (or None), its count so far, and a first batch already taken (a resumed one)."""
         self._dropped = None
         resume, self._resume = self._resume, None
+        must_end, self._resume_must_end = self._resume_must_end, False
         if resume is None:
             self._epoch += 1
         self._prepare_epoch(resume)
@@ -292,13 +328,24 @@ class EchoingDataLoader:
         if resume is None:
             return EpochStart(root, workers, reader, settled, [])
         try:
-            return EpochStart(root, workers, reader, settled, [next(root)])
+            first = next(root)
         except StopIteration:
             # Resumed after the epoch's last batch (a framework that stops at len(loader) never
             # sees the end): the rest is empty, so go on with the next epoch, as
             # torchdata.nodes.Loader does.
             close_chain(root)
             return self._start_epoch()
+        if must_end:
+            close_chain(root)
+            # Still loaded, as it was: set_epoch(its epoch) continues it.
+            self._resume = resume
+            self.stats.load_state_dict(resume["stats"])
+            raise RuntimeError(
+                f"set_epoch({self._epoch + 1}) was called, but the position loaded in epoch "
+                f"{self._epoch} has batches of that epoch left: call "
+                f"set_epoch({self._epoch}) to finish it first"
+            )
+        return EpochStart(root, workers, reader, settled, [first])
 
     def _prepare_epoch(self, resume: dict[str, Any] | None) -> None:
         """Hand the pipeline this epoch's seed, rank and (with a sampler) read order."""
@@ -406,6 +453,7 @@ class EchoingDataLoader:
         self.stats.load_state_dict(state["stats"])
         self._epoch = int(state["epoch"])
         self._resume = state if state["root"] is not None else None
+        self._resume_must_end = False
         if state.get("dataset") is not None:
             # Restored now, before iter(), so that a call made between (a set_epoch) applies.
             self.dataset.load_state_dict(state["dataset"])
