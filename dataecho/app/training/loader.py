@@ -19,7 +19,15 @@ def make_loader(
     ``device``: where the step runs (a rank's GPU, say); with ``where="device"`` the batches
     are echoed there, whatever ``cfg.device`` says.
     """
-    changes = {"device": str(device)} if device is not None and cfg.where == "device" else {}
+    changes: dict[str, str] = (
+        {"device": str(device)} if device is not None and cfg.where == "device" else {}
+    )
+    augmentations = (data.transform, data.batch_transform, data.device_transform)
+    if cfg.where == "before_augment" and all(a is None for a in augmentations):
+        # Nothing augments this workload's examples (char-lm in memory): their copies are
+        # identical by design, as after_augment says (the same pipeline, without the loader's
+        # warning about identical copies).
+        changes["where"] = "after_augment"
     options = cfg.loader.with_changes(
         **changes,
         transform=data.transform,
