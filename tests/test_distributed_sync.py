@@ -156,14 +156,14 @@ def _scenarios(rank: int) -> dict[str, Any]:
     try:
         out: dict[str, Any] = {}
         ids = list(range(EXAMPLES))
-        for where in ("batch", "before_augment"):
+        for where in ("batch", "after_augment"):
             loader = _loader(ids, 2, where)
             out[f"read-{where}"] = sorted(int(i) for b in loader for i in b)
             out[f"fresh-{where}"] = loader.stats.fresh_examples
         for e in FACTORS:
             out[f"local-{e}"] = _local_echo(guard, e, "batch")
             out[f"ddp-{e}"] = _ddp(guard, e)
-        out["local-example"] = _local_echo(guard, 2, "before_augment")
+        out["local-example"] = _local_echo(guard, 2, "after_augment")
         out["local-prob"] = _local_echo(guard, 2, "batch", avg_prob=0.5)
         return out
     finally:
@@ -180,7 +180,7 @@ def ranks() -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("where", ["batch", "before_augment"])
+@pytest.mark.parametrize("where", ["batch", "after_augment"])
 def test_ranks_read_disjoint_shares_and_echo_only_their_own(ranks, where):
     r0, r1 = (set(r[f"read-{where}"]) for r in ranks)
     assert r0 and r1 and not r0 & r1  # no example read by both ranks
@@ -267,8 +267,9 @@ def test_in_memory_loader_with_workers_reads_disjoint_shares_per_rank(monkeypatc
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
-        loader = EchoingDataLoader(list(range(64)), batch_size=4, echo_factor=2, seed=1,
-                                   shuffle=True, drop_last=True, num_workers=2)  # fmt: skip
+        loader = EchoingDataLoader(list(range(64)), batch_size=4, echo_factor=2,
+                                   where="after_augment", seed=1, shuffle=True, drop_last=True,
+                                   num_workers=2)  # fmt: skip
         seen.append({int(i) for b in loader for i in b})
         assert loader.stats.fresh_examples == 32
     assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(64))

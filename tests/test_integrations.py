@@ -9,12 +9,14 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import datasets
 import pytest
 import torch
-from conftest import assert_same_stream, run_test_save_load_state, torch_roundtrip
+from conftest import assert_same_item, assert_same_stream, run_test_save_load_state, torch_roundtrip
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 from torchdata.nodes import (
     Batcher,
@@ -28,6 +30,7 @@ from torchdata.nodes import (
 
 import dataecho
 from dataecho import EchoingDataLoader
+from dataecho.loader.dataset_transform import find_transform
 from dataecho.transforms import on_input
 
 N = 30  # rows of every Hugging Face dataset here
@@ -88,7 +91,13 @@ def check_rows(batch: dict[str, torch.Tensor]) -> None:
 
 def map_loader(num_workers: int) -> EchoingDataLoader:
     return EchoingDataLoader(
-        rows(), batch_size=BATCH, echo_factor=2, shuffle=True, seed=5, num_workers=num_workers
+        rows(),
+        batch_size=BATCH,
+        echo_factor=2,
+        where="after_augment",
+        shuffle=True,
+        seed=5,
+        num_workers=num_workers,
     )
 
 
@@ -144,7 +153,9 @@ def test_a_map_style_hf_dataset_resumed_after_k_batches_matches_an_uninterrupted
 
 
 def stream_loader(ds: datasets.IterableDataset, num_workers: int) -> EchoingDataLoader:
-    return EchoingDataLoader(ds, batch_size=BATCH, echo_factor=2, num_workers=num_workers)
+    return EchoingDataLoader(
+        ds, batch_size=BATCH, echo_factor=2, where="after_augment", num_workers=num_workers
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -194,6 +205,102 @@ def test_an_iterable_hf_dataset_resumes_mid_epoch_without_loss(num_workers, k):
         assert collections.Counter(ids) == {i: 2 for i in range(N)}
     assert resumed.stats.fresh_examples == 2 * N  # each row read once an epoch
     assert resumed.stats.examples_out == 4 * N
+
+
+# --- a Hugging Face dataset's own transform (set_transform / with_transform), per copy ------
+
+
+def raw_rows(n: int = N) -> datasets.Dataset:
+    """The rows of :func:`rows` as python objects (no format)."""
+    return datasets.Dataset.from_dict(rows(n).with_format(None)[:])
+
+
+def jitter_rows(batch: dict[str, list]) -> dict[str, torch.Tensor]:
+    """A custom-format augmentation: a batch of python rows to tensors, ``x`` jittered."""
+    out = {name: torch.tensor(values) for name, values in batch.items()}
+    if "x" in out:
+        out["x"] = out["x"] + torch.rand(out["x"].shape)
+    return out
+
+
+def doubled_x(batch: dict[str, list]) -> dict[str, Any]:
+    """A deterministic custom-format transform: ``x`` doubled into a tensor, the rest kept."""
+    return {name: torch.tensor(v) * 2 if name == "x" else v for name, v in batch.items()}
+
+
+def with_own_transform(how: str, fn: Callable, n: int = N, **kwargs: Any) -> datasets.Dataset:
+    if how == "with_transform":
+        return raw_rows(n).with_transform(fn, **kwargs)
+    table = raw_rows(n)
+    table.set_transform(fn, **kwargs)
+    return table
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("how", ["with_transform", "set_transform"])
+def test_a_hf_dataset_s_own_transform_runs_on_each_copy(how, num_workers):
+    table = with_own_transform(how, jitter_rows)
+    before = table.format
+    loader = EchoingDataLoader(
+        table, batch_size=BATCH, echo_factor=4, shuffle=True, shuffle_buffer=8, seed=1,
+        num_workers=num_workers,
+    )  # fmt: skip
+    copies = collections.defaultdict(list)
+    for batch in loader:
+        for i, x, y in zip(batch["id"], batch["x"], batch["label"], strict=True):
+            copies[int(i)].append(x)
+            assert int(y) == int(i) % 3
+    assert sorted(copies) == list(range(N))
+    for i, xs in copies.items():
+        assert len(xs) == 4
+        base = torch.tensor([i, i + 0.5])
+        for x in xs:
+            assert torch.all((x >= base) & (x < base + 1)), f"row {i}: jittered once, not twice"
+        assert not all(torch.equal(xs[0], x) for x in xs[1:]), f"row {i}: identical copies"
+    assert loader.stats.fresh_examples == N and loader.stats.examples_out == 4 * N
+    assert table.format == before and table.format["format_kwargs"]["transform"] is jitter_rows
+
+
+@pytest.mark.parametrize(
+    ("columns", "output_all_columns"),
+    [(None, False), (["x", "id"], False), (["x"], True)],
+)
+def test_the_lifted_hf_transform_gives_what_indexing_the_dataset_gives(columns, output_all_columns):
+    table = raw_rows().with_transform(
+        doubled_x, columns=columns, output_all_columns=output_all_columns
+    )
+    lifted = find_transform(table)
+    raw = lifted.read_raw()
+    assert raw.format["type"] is None and table.format["type"] == "custom"
+    for i in range(N):
+        assert_same_item(lifted.per_copy(raw[i]), table[i], f"row {i}")
+    # Through the loader, copies adjacent (no shuffling): each row's copies are its table[i].
+    loader = EchoingDataLoader(table, batch_size=BATCH, echo_factor=2, seed=0)
+    ids = [i for i in range(N) for _ in range(2)]
+    want = [default_collate([table[i] for i in ids[k : k + BATCH]]) for k in range(0, 2 * N, 4)]
+    assert_same_stream(list(loader), want, "echoed rows")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_lifting_a_hf_transform_resumes_exactly(num_workers):
+    n = 8 if num_workers == 0 else 4
+
+    def make() -> EchoingDataLoader:
+        return EchoingDataLoader(
+            with_own_transform("with_transform", jitter_rows, n=n), batch_size=BATCH,
+            echo_factor=4, shuffle=True, shuffle_buffer=6, seed=3, num_workers=num_workers,
+        )  # fmt: skip
+
+    recorded = run_test_save_load_state(
+        make,
+        positions=[0, 1, 5, -1] if num_workers == 0 else [1, -1],  # -1: after the end
+        restore=lambda loader, state: loader.load_state_dict(state),
+        new_epoch=lambda loader: None,
+        summary=lambda loader: (loader.stats.fresh_examples, loader.stats.examples_out),
+        end_may_start_next_epoch=True,
+    )
+    assert [len(epoch) for epoch in recorded] == [len(make())] * 3
 
 
 # --- transforms on one field of a sample ----------------------------------------------------

@@ -45,7 +45,9 @@ def make_loader(kind: str) -> torch.utils.data.DataLoader | EchoingDataLoader:
     data = [(torch.zeros(2), i) for i in range(EXAMPLES)]
     if kind == "DataLoader":  # the reference behaviour
         return torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
-    return EchoingDataLoader(data, batch_size=4, echo_factor=2, num_workers=2)
+    return EchoingDataLoader(
+        data, batch_size=4, echo_factor=2, where="after_augment", num_workers=2
+    )
 
 
 def copies(kind: str) -> int:

@@ -180,7 +180,8 @@ def test_a_fractional_factor_trains_every_example_every_epoch(where):
 
 def test_lightning_epoch_e_trains_the_loaders_epoch_e():
     # Lightning's setup_data calls iter() once and drops it unused: that starts no epoch.
-    kwargs = {"batch_size": 8, "echo_factor": 2, "shuffle": True, "seed": 0}
+    kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
+              "seed": 0}  # fmt: skip
     module = Recorder(kwargs)
     trainer = fit(module, max_epochs=2)
     twin = EchoingDataLoader(Indexed(N), **kwargs)
@@ -191,7 +192,8 @@ def test_lightning_epoch_e_trains_the_loaders_epoch_e():
 
 
 def test_fractional_limit_train_batches_and_val_check_interval():
-    kwargs = {"batch_size": 8, "echo_factor": 2, "shuffle": True, "seed": 0, "num_workers": 1}
+    kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
+              "seed": 0, "num_workers": 1}  # fmt: skip
     module = WithValidation(kwargs)
     trainer = fit(module, max_epochs=2, limit_train_batches=0.5, val_check_interval=0.5)
     assert len(module.loader) == 16 and trainer.num_training_batches == int(0.5 * 16) == 8
@@ -215,8 +217,8 @@ def test_resume_from_a_step_checkpoint_trains_what_the_uninterrupted_run_trains(
     tmp_path, num_workers, k
 ):
     kwargs = {
-        "batch_size": 8, "echo_factor": 2, "shuffle": True, "shuffle_buffer": 5, "seed": 0,
-        "num_workers": num_workers,
+        "batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
+        "shuffle_buffer": 5, "seed": 0, "num_workers": num_workers,
     }  # fmt: skip
     uninterrupted = Recorder(kwargs)
     fit(uninterrupted, max_epochs=2)
@@ -246,7 +248,8 @@ def test_resume_from_a_step_checkpoint_trains_what_the_uninterrupted_run_trains(
     "so _load_combined_loader_states skips it): the resumed run's new loader starts over",
 )
 def test_resume_from_an_end_of_epoch_checkpoint_trains_the_next_epoch(tmp_path):
-    kwargs = {"batch_size": 8, "echo_factor": 2, "shuffle": True, "seed": 0}
+    kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
+              "seed": 0}  # fmt: skip
     uninterrupted = Recorder(kwargs)
     fit(uninterrupted, max_epochs=2)
     stopped = Recorder(kwargs)
@@ -270,7 +273,8 @@ from test_lightning import Recorder, fit
 if __name__ == "__main__":
     torch.set_num_threads(1)
     out = Path(sys.argv[1])
-    kwargs = {{"batch_size": 4, "echo_factor": 2, "shuffle": True, "seed": 0, "num_workers": 1}}
+    kwargs = {{"batch_size": 4, "echo_factor": 2, "where": "after_augment", "shuffle": True,
+              "seed": 0, "num_workers": 1}}
     module = Recorder(kwargs)
     trainer = fit(module, max_epochs=2, strategy="ddp", devices=2, use_distributed_sampler=True)
     loader = module.loader

@@ -83,13 +83,17 @@ def test_every_example_delivered_exactly_factor_times(where, num_workers):
 
 
 def test_iterable_dataset_with_workers_reads_each_example_once():
-    loader = EchoingDataLoader(NumberStream(40), batch_size=5, echo_factor=2, num_workers=2, seed=0)
+    loader = EchoingDataLoader(
+        NumberStream(40), batch_size=5, echo_factor=2, where="after_augment", num_workers=2, seed=0
+    )
     assert collections.Counter(labels_of(loader)) == {i: 2 for i in range(40)}
     assert loader.stats.fresh_examples == 40
 
 
 def test_fractional_factor_counts_add_up():
-    loader = EchoingDataLoader(Numbers(2000), batch_size=50, echo_factor=2.5, seed=4)
+    loader = EchoingDataLoader(
+        Numbers(2000), batch_size=50, echo_factor=2.5, where="after_augment", seed=4
+    )
     counts = collections.Counter(labels_of(loader))
     assert set(counts) == set(range(2000))
     assert collections.Counter(counts.values()) == {2: 1000, 3: 1000}  # exactly half get 3
@@ -262,7 +266,11 @@ def test_resume_between_worker_snapshots_replays_exactly():
 
 
 def test_state_before_iteration_and_between_epochs():
-    make = lambda: EchoingDataLoader(Numbers(10), batch_size=4, echo_factor=2, seed=1, shuffle=True)  # noqa: E731
+    def make():
+        return EchoingDataLoader(
+            Numbers(10), batch_size=4, echo_factor=2, where="after_augment", seed=1, shuffle=True
+        )
+
     loader = make()
     list(loader)
     state = loader.state_dict()  # between epochs: the next iter() starts epoch 1
@@ -463,7 +471,9 @@ def test_copy_false_shares_the_objects():
 
 def test_copies_stay_apart_under_a_custom_collate():
     source = [(torch.zeros(3), i) for i in range(4)]
-    loader = EchoingDataLoader(source, batch_size=4, echo_factor=2, collate_fn=list)
+    loader = EchoingDataLoader(
+        source, batch_size=4, echo_factor=2, where="after_augment", collate_fn=list
+    )
     for batch in loader:
         # The batch is the examples themselves: the two copies of one must be two objects.
         tensors = [x for x, _ in batch]
@@ -536,7 +546,9 @@ def raise_deep_inside(i):
 
 
 def test_upstream_error_reaches_consumer_with_original_traceback():
-    loader = EchoingDataLoader(FailingDataset(20), batch_size=4, echo_factor=2, seed=0)
+    loader = EchoingDataLoader(
+        FailingDataset(20), batch_size=4, echo_factor=2, where="after_augment", seed=0
+    )
     got = []
     with pytest.raises(KeyError, match="record 9 is corrupt") as info:
         for _, ys in loader:
@@ -620,7 +632,7 @@ class SlowNumbers(Numbers):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("where", "num_workers"), [("before_augment", 0), ("batch", 1)])
+@pytest.mark.parametrize(("where", "num_workers"), [("after_augment", 0), ("batch", 1)])
 def test_auto_echoes_only_while_fresh_data_is_late(where, num_workers):
     fast = EchoingDataLoader(
         Numbers(400), batch_size=8, echo_factor="auto", where=where, num_workers=num_workers
@@ -649,7 +661,9 @@ def test_auto_echoes_only_while_fresh_data_is_late(where, num_workers):
 @pytest.mark.timeout(60)
 def test_auto_close_mid_epoch_leaves_no_thread():
     before = set(threading.enumerate())
-    loader = EchoingDataLoader(SlowNumbers(200, 0.005), batch_size=4, echo_factor="auto")
+    loader = EchoingDataLoader(
+        SlowNumbers(200, 0.005), batch_size=4, echo_factor="auto", where="after_augment"
+    )
     it = iter(loader)
     next(it)
     assert len(set(threading.enumerate()) - before) == 1  # the reader thread
@@ -665,8 +679,9 @@ def test_auto_close_mid_epoch_leaves_no_thread():
 def test_auto_resume_continues_the_fresh_examples_exactly():
     def make():
         return EchoingDataLoader(
-            SlowNumbers(40, 0.002), batch_size=4, echo_factor="auto", seed=1, shuffle=True
-        )
+            SlowNumbers(40, 0.002), batch_size=4, echo_factor="auto", where="after_augment",
+            seed=1, shuffle=True,
+        )  # fmt: skip
 
     first = make()
     it = iter(first)
@@ -739,7 +754,8 @@ def test_options_given_whole_load_the_same_as_the_keywords():
     def labels(**kw):
         return labels_of(EchoingDataLoader(Numbers(30), seed=3, **kw))
 
-    keywords = dict(batch_size=4, shuffle=True, echo_factor=2.5, shuffle_buffer=8)
+    keywords = dict(batch_size=4, shuffle=True, echo_factor=2.5, where="after_augment",
+                    shuffle_buffer=8)  # fmt: skip
     options = LoaderOptions(**keywords)
     assert EchoingDataLoader(Numbers(30), options=options).options == options
     assert labels(options=options) == labels(**keywords)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import torch_roundtrip
-from test_loader import Numbers, NumberStream, labels_of
+from test_loader import Numbers, NumberStream, add_noise, labels_of
 from torch.utils.data import (
     DataLoader,
     DistributedSampler,
@@ -53,6 +53,7 @@ def test_len_is_the_number_of_batches_an_epoch_yields(num_workers, where, factor
     loader = EchoingDataLoader(
         Numbers(23), batch_size=4, echo_factor=factor, where=where, num_workers=num_workers,
         drop_last=drop_last, shuffle=True, shuffle_buffer=5, seed=7,
+        transform=add_noise,  # as a run augments, so that before_augment's copies differ
     )  # fmt: skip
     expected = len(loader)  # read once, before the first epoch, as a trainer does
     for _ in range(3 if factor != int(factor) else 2):  # each epoch its own extra copies
@@ -60,7 +61,9 @@ def test_len_is_the_number_of_batches_an_epoch_yields(num_workers, where, factor
 
 
 def test_len_of_auto_is_an_upper_bound_and_of_iterables_follows_dataloader():
-    auto = EchoingDataLoader(Numbers(20), batch_size=4, echo_factor="auto", max_echo_factor=3)
+    auto = EchoingDataLoader(
+        Numbers(20), batch_size=4, echo_factor="auto", where="after_augment", max_echo_factor=3
+    )
     assert len(auto) == 15 and len(list(auto)) <= 15
     with pytest.raises(TypeError, match="without __len__"):
         len(EchoingDataLoader(NumberStream(8), batch_size=4))
@@ -78,7 +81,7 @@ def test_a_sampler_decides_which_examples_an_epoch_reads(num_workers):
     indices = [3, 17, 5, 11, 2, 8, 13]
     loader = EchoingDataLoader(
         Numbers(20), batch_size=2, sampler=SubsetRandomSampler(indices), echo_factor=2,
-        num_workers=num_workers, seed=0,
+        where="after_augment", num_workers=num_workers, seed=0,
     )  # fmt: skip
     got = labels_of(loader)
     assert sorted(got) == sorted(indices * 2)  # each read once, echoed twice
@@ -168,7 +171,9 @@ def test_bad_dataloader_arguments_are_refused_with_the_reason():
 
 
 def test_a_huge_echo_factor_keeps_a_bounded_prefetch():
-    loader = EchoingDataLoader(Numbers(4), batch_size=2, echo_factor=1e6, num_workers=1)
+    loader = EchoingDataLoader(
+        Numbers(4), batch_size=2, echo_factor=1e6, where="after_augment", num_workers=1
+    )
     assert loader.prefetch_factor == MAX_PREFETCH
     it = iter(loader)
     assert labels_of(itertools.islice(it, 3)) == [0, 0, 0, 0, 0, 0]
@@ -205,7 +210,9 @@ def _worker_pids(loader) -> list[int]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("drop", ["loader", "iterator"])
 def test_dropping_a_loader_mid_epoch_releases_its_workers_within_a_second(drop):
-    loader = EchoingDataLoader(Numbers(400), batch_size=2, num_workers=2, echo_factor=2)
+    loader = EchoingDataLoader(
+        Numbers(400), batch_size=2, num_workers=2, echo_factor=2, where="after_augment"
+    )
     it = iter(loader)
     next(it)
     pids = _worker_pids(loader)
@@ -305,7 +312,9 @@ def test_a_state_saved_between_epochs_keeps_the_datasets_own_state():
 
 def test_a_second_load_state_dict_wins_and_state_before_iteration_is_handed_on():
     def make():
-        return EchoingDataLoader(Numbers(20), batch_size=2, shuffle=True, seed=4, echo_factor=2)
+        return EchoingDataLoader(
+            Numbers(20), batch_size=2, shuffle=True, seed=4, echo_factor=2, where="after_augment"
+        )
 
     want = labels_of(make())
     states = []
@@ -328,8 +337,8 @@ def test_a_second_load_state_dict_wins_and_state_before_iteration_is_handed_on()
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_drop_last_with_a_shuffle_buffer_counts_only_delivered_examples(num_workers):
     loader = EchoingDataLoader(
-        Numbers(600), batch_size=32, echo_factor=2, shuffle_buffer=64, drop_last=True,
-        num_workers=num_workers, seed=3, shuffle=True,
+        Numbers(600), batch_size=32, echo_factor=2, where="after_augment", shuffle_buffer=64,
+        drop_last=True, num_workers=num_workers, seed=3, shuffle=True,
     )  # fmt: skip
     for _ in range(2):
         fresh, out = loader.stats.fresh_examples, loader.stats.examples_out
@@ -350,8 +359,8 @@ class SlowNumbers(Numbers):
 def test_auto_with_a_shuffle_buffer_resumes_without_loss_and_with_the_right_counts(num_workers):
     def make():
         return EchoingDataLoader(
-            SlowNumbers(400), batch_size=8, echo_factor="auto", shuffle_buffer=64,
-            num_workers=num_workers, seed=1, shuffle=True,
+            SlowNumbers(400), batch_size=8, echo_factor="auto", where="after_augment",
+            shuffle_buffer=64, num_workers=num_workers, seed=1, shuffle=True,
         )  # fmt: skip
 
     loader = make()
@@ -376,7 +385,9 @@ def test_a_loader_inside_a_reference_cycle_is_collected_without_the_workers_join
 
     trainer = Trainer()
     trainer.me = trainer  # a cycle of the user's own: only the garbage collector frees it
-    trainer.loader = EchoingDataLoader(Numbers(400), batch_size=2, num_workers=2, echo_factor=2)
+    trainer.loader = EchoingDataLoader(
+        Numbers(400), batch_size=2, num_workers=2, echo_factor=2, where="after_augment"
+    )
     trainer.it = iter(trainer.loader)
     next(trainer.it)
     pids = _worker_pids(trainer.loader)

@@ -117,8 +117,9 @@ def test_streams_shards_over_http_into_the_loader(shards, echo_factor):
         dataset = ShardDataset(server.url)  # the manifest comes over HTTP too
         assert dataset.manifest == load_manifest(folder)
         loader = EchoingDataLoader(
-            dataset, batch_size=32, num_workers=2, echo_factor=echo_factor, seed=1
-        )
+            dataset, batch_size=32, num_workers=2, echo_factor=echo_factor,
+            where="after_augment", seed=1,
+        )  # fmt: skip
         got = collections.Counter()
         start = time.perf_counter()
         for x, y in loader:

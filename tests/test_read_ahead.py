@@ -182,7 +182,8 @@ def test_stop_read_ahead_ends_its_thread():
 def test_loader_close_mid_epoch_leaves_no_thread(read_ahead_examples):
     before = set(threading.enumerate())
     loader = EchoingDataLoader(SlowNumbers(400, delay=0.001), batch_size=8, echo_factor=2,
-                               num_workers=0, seed=0, read_ahead=read_ahead_examples)  # fmt: skip
+                               where="after_augment", num_workers=0, seed=0,
+                               read_ahead=read_ahead_examples)  # fmt: skip
     it = iter(loader)
     next(it)
     # The default reads ahead on a thread of this process; 0 reads in step, with no thread.

@@ -102,8 +102,8 @@ def test_a_state_for_other_workers_is_refused(folder):
 def test_loader_checkpoints_carry_the_shard_position(folder, num_workers):
     def make():
         return EchoingDataLoader(
-            ShardDataset(folder), batch_size=3, echo_factor=2, shuffle_buffer=6,
-            num_workers=num_workers, seed=5,
+            ShardDataset(folder), batch_size=3, echo_factor=2, where="after_augment",
+            shuffle_buffer=6, num_workers=num_workers, seed=5,
         )  # fmt: skip
 
     recorded = run_test_save_load_state(

@@ -57,8 +57,8 @@ class SignalAt(Numbers):
 
 
 def make_loader(dataset) -> EchoingDataLoader:
-    return EchoingDataLoader(dataset, batch_size=4, echo_factor=2, shuffle_buffer=8, seed=3,
-                             shuffle=True, num_workers=0)  # fmt: skip
+    return EchoingDataLoader(dataset, batch_size=4, echo_factor=2, where="after_augment",
+                             shuffle_buffer=8, seed=3, shuffle=True, num_workers=0)  # fmt: skip
 
 
 class Saves:

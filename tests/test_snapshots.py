@@ -128,8 +128,9 @@ def test_multi_worker_resume_is_exact_when_workers_send_their_buffer_once():
     # process's state holds plain tensors, survives torch.save / torch.load(weights_only=True),
     # and resumes exactly.
     def make():
-        return EchoingDataLoader(Vectors(), batch_size=4, echo_factor=2, shuffle_buffer=96,
-                                 num_workers=2, seed=3, shuffle=True, snapshot_every_n_steps=1)  # fmt: skip
+        return EchoingDataLoader(Vectors(), batch_size=4, echo_factor=2, where="after_augment",
+                                 shuffle_buffer=96, num_workers=2, seed=3, shuffle=True,
+                                 snapshot_every_n_steps=1)  # fmt: skip
 
     loader = make()
     it = iter(loader)

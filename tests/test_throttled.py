@@ -100,6 +100,7 @@ def test_works_inside_a_loader_worker_and_echo_saves_reads():
         Throttled(Recording(64), delay=0.001),
         batch_size=16,
         echo_factor=2,
+        where="after_augment",
         num_workers=1,
         seed=0,
         shuffle=True,

@@ -51,7 +51,9 @@ def test_large_batches_and_special_tensors_stay_tensors():
                                                      (8, True, True)])  # fmt: skip
 def test_workers_pipe_small_batches_and_share_large_ones(width, pin, shared):
     data = [(torch.full((width,), float(i)), i) for i in range(8)]
-    loader = EchoingDataLoader(data, batch_size=4, echo_factor=2, num_workers=1, pin_memory=pin)
+    loader = EchoingDataLoader(
+        data, batch_size=4, echo_factor=2, where="after_augment", num_workers=1, pin_memory=pin
+    )
     batches = list(loader)
     assert [x.is_shared() for x, _ in batches] == [shared] * 4
     values = sorted(int(v) for x, _ in batches for v in x[:, 0])

@@ -28,6 +28,7 @@ from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
+from dataecho.loader.dataset_transform import warn_identical_copies
 from dataecho.loader.device import DeviceTransform, ToDevice, resolve_device
 from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
 from dataecho.loader.length import epoch_batches, fresh_batches
@@ -90,6 +91,17 @@ class EchoingDataLoader:
                            its ``next()`` raises ``RuntimeError`` (the state belongs to one
                            epoch at a time)
     =====================  ==================================================================
+
+    Augmentation in the dataset: with ``where="before_augment"`` (the default), echoing on and
+    neither ``transform=`` nor ``batch_transform=`` given, a dataset that augments in
+    ``__getitem__`` through a torchvision-style ``transform`` / ``target_transform`` /
+    ``transforms`` attribute, or a Hugging Face ``datasets.Dataset`` through ``set_transform``
+    / ``with_transform``, is read with that transform off (through a copy: the dataset passed
+    here is left as it is), and its transform runs on each copy, seeded and resumed as
+    ``transform=`` is (:mod:`dataecho.loader.dataset_transform`). Given ``transform=``, the
+    dataset's own transform stays in ``__getitem__`` (once per fresh read) and ``transform=``
+    runs on each copy. Any other dataset's copies are identical, and the loader warns once
+    (``IdenticalCopiesWarning``) unless ``where="after_augment"`` says they are meant to be.
 
     Echo args (keyword-only): each of :class:`~dataecho.loader.options.LoaderOptions`' fields
     (``echo_factor``, ``max_echo_factor``, ``reuse_buffer``, ``reuse_policy``, ``where``,
@@ -228,6 +240,7 @@ class EchoingDataLoader:
         self._resume: dict[str, Any] | None = None
         # set_epoch(p + 1) over a loaded position of epoch p: that position must be p's end.
         self._resume_must_end = False
+        self._checked_copies = False  # whether the identical-copies warning was considered
 
     @property
     def epoch(self) -> int:
@@ -315,6 +328,9 @@ class EchoingDataLoader:
     def _start_epoch(self) -> EpochStart:
         """Start the epoch: its chain, workers node, the stage that counts fresh batches handed
         out (or None), its count so far, and a first batch already taken (a resumed one)."""
+        if not self._checked_copies:
+            self._checked_copies = True
+            warn_identical_copies(self.dataset, self.options)
         self._dropped = None
         resume, self._resume = self._resume, None
         must_end, self._resume_must_end = self._resume_must_end, False

@@ -97,10 +97,12 @@ class LoaderOptions:
     )
     where: str = _setting(
         Choice(WHERE_CHOICES),
-        "insertion point of the echo stage: before_augment (each copy augmented on its own), "
-        "after_augment (identical copies), batch (whole batches repeat) or device (whole "
-        "batches repeat on the training device after one host-to-device copy, shuffle_buffer "
-        "mixes their examples there, and device_transform augments each copy)",
+        "insertion point of the echo stage: before_augment (each copy augmented on its own: "
+        "by transform or batch_transform, else by the dataset's own torchvision-style or "
+        "Hugging Face transform, lifted out of __getitem__), after_augment (identical copies), "
+        "batch (whole batches repeat) or device (whole batches repeat on the training device "
+        "after one host-to-device copy, shuffle_buffer mixes their examples there, and "
+        "device_transform augments each copy)",
         "before_augment",
     )
     shuffle_buffer: int = _setting(
@@ -111,7 +113,8 @@ class LoaderOptions:
     )
     transform: Callable[[Any], Any] | None = _setting(
         OptionalCallable("example"),
-        "per-example random augmentation, seeded and checkpointed, or None",
+        "per-example random augmentation, seeded and checkpointed, or None; given, a "
+        "transform the dataset applies itself stays in __getitem__ (once per fresh read)",
         None,
     )
     batch_transform: Callable[[Any], Any] | None = _setting(

@@ -1,6 +1,11 @@
 """The per-worker pipeline: read -> [echo, shuffle, transform in the chosen order] -> batch
 -> batch_transform.
 
+With ``where="before_augment"`` and no ``transform=`` or ``batch_transform=``, a dataset that
+augments in ``__getitem__`` (a torchvision transform attribute, a Hugging Face
+``set_transform``) is read with that transform off, and the transform runs on each copy in
+``transform=``'s place (:mod:`dataecho.loader.dataset_transform`).
+
 Example echoing runs here, inside the worker (or the main process with ``num_workers=0``) that
 read the example, so an echoed copy never costs a second upstream read. Each pipeline yields
 ``(batch, fresh_examples_in_it)`` so the main process can count fresh data across workers.
@@ -16,6 +21,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.nodes import BaseNode, Batcher, Mapper
 
+from dataecho.loader.dataset_transform import find_transform, lifts
 from dataecho.loader.delivery import Delivery
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.read_ahead import read_ahead, stop_read_ahead
@@ -122,28 +128,35 @@ class PipelineIterator:
         reader = owner.rank * num_workers + worker
         seed = lambda stage: derive_seed(owner.seed, owner.epoch, reader, stage)  # noqa: E731
 
-        if is_map_style(owner.dataset):
+        # The dataset's own transform, if it has one known there, runs on each copy instead.
+        lifted = find_transform(owner.dataset) if lifts(opts) else None
+        dataset = lifted.read_raw() if lifted is not None else owner.dataset
+        if lifted is not None:
+            per_example: Callable[[Any], Any] | None = lifted.per_copy
+        elif opts.transform is not None:
+            # A failure on an (input, target) sample names the fix: transforms.on_input.
+            per_example = guard_transform(opts.transform)
+        else:
+            per_example = None
+
+        if is_map_style(dataset):
             indices = read_indices(owner, worker=worker, num_workers=num_workers)
-            source: BaseNode[Any] = IndexedReader(owner.dataset, indices)
+            source: BaseNode[Any] = IndexedReader(dataset, indices)
             share: int | None = len(indices)
         else:
-            source = IterableReader(owner.dataset)
+            source = IterableReader(dataset)
             # Its len, as len(loader) counts it (None: per-item draws). One that splits itself
             # over several workers does so where the loader cannot see: each worker then gives
             # its part of the whole's extra copies, and their total varies a little.
-            share = known_length(owner.dataset)
+            share = known_length(dataset)
         node: BaseNode[Any] = Tagged(read_ahead(source, opts.read_ahead))
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
-
-            if opts.transform is None:
-                return n
-            # A failure on an (input, target) sample names the fix: transforms.on_input.
-            return Mapper(n, OnItem(guard_transform(opts.transform)))
+            return n if per_example is None else Mapper(n, OnItem(per_example))
 
         def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
             if opts.echoes:
-                copy = copies_can_alias(opts, owner.collate_fn)
+                copy = copies_can_alias(opts, owner.collate_fn, per_example is not None)
                 n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=share)
             if opts.shuffle_buffer > 1:
                 n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
@@ -185,14 +198,17 @@ class PipelineIterator:
         self._rng.load_state_dict(state["rng"])
 
 
-def copies_can_alias(opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any]) -> bool:
+def copies_can_alias(
+    opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any], transforms_examples: bool
+) -> bool:
     """Whether example copies must be separate objects (``opts.copy`` asks for it).
 
-    Only a per-example transform after the echo stage or a custom collate can see two copies
-    as one object: ``default_collate`` stacks tensors and arrays into new memory (and keeps
-    only immutable str/bytes as they are), so without those the copy would be a wasted memcpy.
+    Only a per-example transform after the echo stage (``transforms_examples``: the user's or
+    the dataset's) or a custom collate can see two copies as one object: ``default_collate``
+    stacks tensors and arrays into new memory (and keeps only immutable str/bytes as they
+    are), so without those the copy would be a wasted memcpy.
     """
-    downstream_transform = opts.where == "before_augment" and opts.transform is not None
+    downstream_transform = opts.where == "before_augment" and transforms_examples
     return opts.copy and (downstream_transform or collate_fn is not default_collate)
 
 

@@ -22,6 +22,12 @@ def make_loader(
     """
     device = device or torch.device("cpu")
     changes = {"device": str(device)} if cfg.where == "device" else {}
+    augmentations = (data.transform, data.batch_transform, data.device_transform)
+    if cfg.where == "before_augment" and all(a is None for a in augmentations):
+        # Nothing augments this workload's examples (char-lm in memory): their copies are
+        # identical by design, as after_augment says (the same pipeline, without the loader's
+        # warning about identical copies).
+        changes["where"] = "after_augment"
     options = cfg.loader.with_changes(
         **changes,
         transform=data.transform,
