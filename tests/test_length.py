@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from conftest import torch_roundtrip
-from test_loader import Numbers, NumberStream, labels_of
+from test_loader import Numbers, NumberStream, add_noise, labels_of
 from torch.utils.data import SubsetRandomSampler
 
 from dataecho import EchoingDataLoader
@@ -43,7 +43,8 @@ def order_arguments(order: str) -> dict:
 def test_len_is_what_every_epoch_yields(where, num_workers, order, drop_last, factor):
     loader = EchoingDataLoader(
         Numbers(23), batch_size=4, echo_factor=factor, where=where, num_workers=num_workers,
-        drop_last=drop_last, shuffle_buffer=5, seed=3, **order_arguments(order),
+        drop_last=drop_last, shuffle_buffer=5, seed=3, transform=add_noise,
+        **order_arguments(order),
     )  # fmt: skip
     expected = len(loader)  # read once, before the first epoch, as trainers and schedulers do
     whole = math.floor(factor)
@@ -98,7 +99,7 @@ class SizedStream(NumberStream):
 def test_an_iterable_dataset_with_a_len_gets_an_exact_len(where, num_workers):
     loader = EchoingDataLoader(
         SizedStream(30), batch_size=4, echo_factor=2.5, where=where, num_workers=num_workers,
-        seed=0,
+        seed=0, transform=add_noise,
     )  # fmt: skip
     expected = len(loader)
     assert expected == (20 if where == "batch" else 19)  # 8 batches x 2.5; or 75 examples / 4
