@@ -37,6 +37,10 @@ BENCHMARKS = {
         "bounded memory: RSS of a 30-minute stream through nginx, e=4, 1 worker",
     ),
     "device": ("benchmarks.device", "echo on the training device vs host-side echo, e = 1-8"),
+    "persistent_workers": (
+        "benchmarks.persistent_workers",
+        "epoch start (iter() to the first batch) with and without persistent workers",
+    ),
 }
 
 

@@ -1,7 +1,8 @@
 """Loader workers live as long as the training process, whichever thread started them.
 
 They survive the exit of the thread that created the iterator (like a plain DataLoader's), and
-end within a second of a ``kill -9`` of the training process, even when blocked.
+end within a second of a ``kill -9`` of the training process, even when blocked, or idle
+between epochs (``persistent_workers``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def make_loader(kind: str) -> torch.utils.data.DataLoader | EchoingDataLoader:
     data = [(torch.zeros(2), i) for i in range(EXAMPLES)]
     if kind == "DataLoader":  # the reference behaviour
         return torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
-    return EchoingDataLoader(
-        data, batch_size=4, echo_factor=2, where="after_augment", num_workers=2
-    )
+    persistent = kind == "persistent"
+    return EchoingDataLoader(data, batch_size=4, echo_factor=2, where="after_augment",
+                             num_workers=2, persistent_workers=persistent)  # fmt: skip
 
 
 def copies(kind: str) -> int:
@@ -70,13 +71,16 @@ def check_epoch(kind: str, loader, batches: list) -> None:
     labels = collections.Counter(int(y) for _, ys in batches for y in ys)
     assert len(batches) == EXAMPLES * copies(kind) // 4
     assert labels == dict.fromkeys(range(EXAMPLES), copies(kind))  # each example, every copy
-    if kind == "EchoingDataLoader":
+    if kind != "DataLoader":
         stats = loader.stats
         assert (stats.fresh_examples, stats.examples_out) == (EXAMPLES, 2 * EXAMPLES)
 
 
+KINDS = ["DataLoader", "EchoingDataLoader", "persistent"]
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", ["DataLoader", "EchoingDataLoader"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_an_epoch_continues_after_the_thread_that_started_it_exits(kind):
     loader = make_loader(kind)
 
@@ -89,12 +93,23 @@ def test_an_epoch_continues_after_the_thread_that_started_it_exits(kind):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", ["DataLoader", "EchoingDataLoader"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_loop_on_another_thread_over_an_iterator_whose_thread_exited(kind):
     loader = make_loader(kind)
     it = on_a_thread_that_exits(lambda: iter(loader))  # workers forked there, then it ends
     batches = on_a_thread_that_exits(lambda: [batch for batch in it])
     check_epoch(kind, loader, batches)
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_forked_by_a_thread_that_exited_serve_the_next_epochs():
+    loader = make_loader("persistent")
+    first = on_a_thread_that_exits(lambda: list(loader))  # forked there; that thread ends
+    pids = [w.pid for w in loader._inner._iterator._workers]
+    second = list(loader)  # the main thread's epoch: the same workers, still alive
+    assert [w.pid for w in loader._inner._iterator._workers] == pids
+    assert len(first) == len(second) == EXAMPLES * 2 // 4
+    loader.close()
 
 
 SCRIPT = """
@@ -105,7 +120,7 @@ start, block = sys.argv[1:]
 
 class Data(torch.utils.data.Dataset):
     def __len__(self):
-        return 10_000
+        return 32 if block == "idle" else 10_000
     def __getitem__(self, i):
         if i >= 16:  # each of the 2 workers makes its first batch (8 of its examples), then:
             if block == "sleep":  # a slow read
@@ -117,12 +132,15 @@ class Data(torch.utils.data.Dataset):
 
 seen = []
 loader = EchoingDataLoader(Data(), batch_size=8, num_workers=2, read_ahead=0,
-                           worker_init_fn=lambda worker_id: seen.append(worker_id))
+                           worker_init_fn=lambda worker_id: seen.append(worker_id),
+                           persistent_workers=block == "idle")
 
 def begin():
     global it
     it = iter(loader)
     next(it)
+    if block == "idle":  # a whole epoch: the workers wait for the next one
+        list(it)
 
 if start == "thread":  # the workers' forking thread ends before the kill
     thread = threading.Thread(target=begin)
@@ -144,6 +162,8 @@ time.sleep(600)
         ("thread", "pipe"),
         ("thread", "sleep"),  # asleep in a slow __getitem__
         ("main", "gil"),  # stuck holding the GIL: the kernel's parent-death signal stops it
+        ("main", "idle"),  # persistent workers between epochs, waiting for the next
+        ("thread", "idle"),
     ],
 )
 def test_workers_end_promptly_when_the_training_process_is_killed(start, block):

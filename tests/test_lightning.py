@@ -208,6 +208,31 @@ def test_fractional_limit_train_batches_and_val_check_interval():
     assert wait_until(lambda: not multiprocessing.active_children(), timeout=5)
 
 
+class WorkerPids(WithValidation):
+    """A WithValidation that records its loader's worker pids at every training step."""
+
+    def __init__(self, loader_kwargs: dict) -> None:
+        super().__init__(loader_kwargs)
+        self.pids: set[tuple[int, ...]] = set()
+
+    def training_step(self, batch, batch_idx):
+        self.pids.add(tuple(w.pid for w in self.loader._inner._iterator._workers))
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.timeout(120)
+def test_persistent_workers_serve_every_epoch_and_stop_at_the_end_of_fit():
+    kwargs = {"batch_size": 8, "echo_factor": 2, "shuffle": True, "seed": 0, "num_workers": 1}
+    module = WorkerPids({**kwargs, "persistent_workers": True})
+    fit(module, max_epochs=3, limit_train_batches=0.5)  # epochs cut short, and validations
+    twin = EchoingDataLoader(Indexed(N), **kwargs)
+    plain = [[y.tolist() for _, y in twin][:8] for _ in range(3)]
+    assert module.epochs() == plain and module.validations == 3
+    assert len(module.pids) == 1  # the same worker in every epoch
+    # Lightning resets the loader's _iterator at the end of fit: the kept worker stops too.
+    assert wait_until(lambda: not multiprocessing.active_children(), timeout=5)
+
+
 @pytest.mark.parametrize(
     ("num_workers", "k"),
     [(0, 5), (0, 21), (1, 11), (0, 16)],

@@ -608,7 +608,11 @@ def test_close_mid_epoch_stops_workers():
         ({"num_workers": -1}, ValueError, ["num_workers", "-1"]),
         ({"transform": 3}, TypeError, ["transform", "callable", "int"]),
         ({"seed": -5}, ValueError, ["seed", "-5"]),
-        ({"persistent_workers": True}, ValueError, ["persistent_workers", "drop"]),
+        (
+            {"persistent_workers": True},
+            ValueError,
+            ["persistent_workers=True", "num_workers > 0", "num_workers=1"],
+        ),
     ],
 )
 def test_bad_arguments_name_value_range_and_fix(kwargs, error, words):

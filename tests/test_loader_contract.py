@@ -43,6 +43,11 @@ def test_positional_arguments_and_attributes_are_dataloaders():
     assert len(loader) == len(plain) == 2
     assert labels_of(loader) == labels_of(plain) == list(range(8))
     assert EchoingDataLoader(ds).batch_size == 1  # DataLoader's default
+    kept = EchoingDataLoader(ds, 4, num_workers=1, persistent_workers=True)
+    plain = DataLoader(ds, 4, num_workers=1, persistent_workers=True)
+    assert kept.persistent_workers is plain.persistent_workers is True
+    assert labels_of(kept) == labels_of(kept) == labels_of(plain) == list(range(10))
+    kept.close()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -160,7 +165,7 @@ def test_bad_dataloader_arguments_are_refused_with_the_reason():
     cases = [
         ({"batch_size": None}, "batch_size=None"),
         ({"batch_sampler": [[0, 1]]}, "pass sampler= (the order"),
-        ({"persistent_workers": True}, "each epoch's workers"),
+        ({"persistent_workers": True}, "needs num_workers > 0"),
         ({"sampler": [0, 1], "shuffle": True}, "mutually exclusive"),
     ]
     for kwargs, words in cases:

@@ -9,6 +9,7 @@ group as Ctrl-C does), then resumed; and a data-parallel launcher stopped with S
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import re
@@ -98,6 +99,51 @@ def test_a_signal_while_waiting_stops_at_once_and_resumes_with_the_batch_not_tra
         name = signal.Signals(signum).name
         assert lines == [f"[t] {name} while waiting for a batch: final checkpoint {saves.path}; "
                          "continue with --resume"]  # fmt: skip
+
+
+class SignalParentAtRead(Numbers):
+    """``Numbers`` that, read in a loader worker, sends ``signum`` to the training process at
+    its ``at``-th read: a persistent worker's copy counts the reads of every epoch."""
+
+    def __init__(self, n: int, at: int, signum: int) -> None:
+        super().__init__(n)
+        self.at, self.signum, self.reads = at, signum, 0
+
+    def __getitem__(self, i: int):
+        self.reads += 1
+        if self.reads == self.at:
+            os.kill(os.getppid(), self.signum)
+        return super().__getitem__(i)
+
+
+def make_persistent(dataset) -> EchoingDataLoader:
+    return EchoingDataLoader(dataset, batch_size=4, echo_factor=2, shuffle_buffer=8, seed=3,
+                             shuffle=True, num_workers=1, persistent_workers=True)  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_in_persistent_workers_later_epoch_resumes_exactly_and_leaves_none(tmp_path):
+    with make_persistent(Numbers(40)) as reference:
+        whole = [list(reference) for _ in range(2)]
+    # Read 60 is epoch 1's 20th: only a worker kept from epoch 0 gets that far.
+    loader = make_persistent(SignalParentAtRead(40, 60, signal.SIGTERM))
+    saves, lines = Saves(tmp_path), []
+    trained: list[list] = [[], []]
+    with pytest.raises(Terminated), loader, ExitCheckpoint(loader, saves, log=lines.append) as g:
+        for epoch in range(2):
+            for batch in g.batches(loader):
+                trained[epoch].append(batch)
+                g.after_step()
+    assert len(saves.states) == 1 and "SIGTERM" in lines[0]
+    assert_same_stream(trained[0], whole[0], "epoch 0")
+    resumed = make_persistent(Numbers(40))
+    resumed.load_state_dict(saves.states[0])
+    with resumed:
+        assert_same_stream(trained[1] + list(resumed), whole[1], "epoch 1, resumed")
+    deadline = time.monotonic() + 5  # closed on the way out: no worker left
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert multiprocessing.active_children() == []
 
 
 @pytest.mark.timeout(30)

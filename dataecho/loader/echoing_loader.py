@@ -48,7 +48,7 @@ from dataecho.loader.pipeline import (
 )
 from dataecho.loader.reading import data_parallel_rank, is_map_style, is_stateful
 from dataecho.loader.snapshots import snapshot_interval
-from dataecho.loader.workers import WorkersNode
+from dataecho.loader.workers import PersistentWorkers, WorkersNode
 from dataecho.stages import EchoStats, MixExamples, Shuffle
 from dataecho.stages.seeds import (
     STAGE_ECHO,
@@ -75,7 +75,10 @@ class EchoingDataLoader:
     ``batch_size=None``    refused: the echo stage forms the batches
     ``batch_sampler``      refused: batches are formed after echoing; pass ``sampler`` and
                            ``batch_size`` instead
-    ``persistent_workers`` refused: each epoch's workers carry that epoch's seeds
+    ``persistent_workers`` kept across epochs, as there (each epoch's order and seeds reach
+                           them in shared memory); also stopped by ``close()`` and
+                           ``load_state_dict``; restarted for a sampler's order longer than
+                           any before
     ``drop_last``          drops each worker's last short batch (as with an iterable dataset)
     ``num_workers > 0``    a map-style dataset's epoch order is strided over the workers:
                            each example is read once, by one worker, and echoed there
@@ -160,10 +163,14 @@ class EchoingDataLoader:
                     shuffle_buffer=shuffle_buffer, transform=transform,
                     batch_transform=batch_transform, copy=copy, read_ahead=read_ahead,
                     device=device, device_transform=device_transform)  # fmt: skip
+        self.num_workers = _validate.non_negative_int(
+            num_workers, name="num_workers", hint="use 0 to read in the main process"
+        )
         if options is None:
             check_dataloader_arguments(
-                dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers
-            )
+                dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers,
+                self.num_workers,
+            )  # fmt: skip
             given = {name: value for name, value in echo.items() if value is not None}
             options = LoaderOptions(
                 batch_size=batch_size, shuffle=bool(shuffle), drop_last=bool(drop_last), **given
@@ -173,12 +180,9 @@ class EchoingDataLoader:
                                 drop_last=drop_last)  # fmt: skip
             check_dataloader_arguments(
                 dataset, options.batch_size, options.shuffle, sampler, batch_sampler,
-                persistent_workers,
+                persistent_workers, self.num_workers,
             )  # fmt: skip
         self.options = options
-        self.num_workers = _validate.non_negative_int(
-            num_workers, name="num_workers", hint="use 0 to read in the main process"
-        )
         # DataLoader's attributes, as Lightning and other frameworks read them.
         self.dataset = dataset
         self.batch_size = self.options.batch_size
@@ -192,7 +196,7 @@ class EchoingDataLoader:
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
         self.generator = generator
-        self.persistent_workers = False
+        self.persistent_workers = bool(persistent_workers)
         self.in_order = in_order
         # Without a seed, draw one as DataLoader draws its base seed: from ``generator``, else
         # torch's global RNG, so torch.manual_seed(...) makes the run reproducible.
@@ -210,7 +214,9 @@ class EchoingDataLoader:
         self._device = resolve_device(opts.device) if opts.where == "device" else None
         # The copies to CUDA read pinned memory, pinned by the inner loader's own thread.
         pin = pin_memory or (self._device is not None and self._device.type == "cuda")
-        self._pipeline = PipelineDataset(dataset, opts, self.collate_fn)
+        self._pipeline = PipelineDataset(
+            dataset, opts, self.collate_fn, persistent_workers=self.persistent_workers
+        )
         # Pinning happens before our main-process code sees a batch: keep tensors for it.
         self._pipeline.pipe_small_batches = not pin
         with warnings.catch_warnings():
@@ -232,9 +238,17 @@ class EchoingDataLoader:
                 pin_memory_device=pin_memory_device,
                 in_order=in_order,
                 snapshot_every_n_steps=snapshot_every_n_steps,
+                persistent_workers=self.persistent_workers,
             )
+        # persistent_workers: the workers, held here and by each epoch's chain.
+        self._persistent = (
+            PersistentWorkers(self._inner, self._pipeline.fields)
+            if self.persistent_workers
+            else None
+        )
         self._epoch = -1
-        # The epoch's iterator, held weakly: dropping it (or this loader) stops its workers.
+        # The epoch's iterator, held weakly: dropping it (or this loader) stops its workers;
+        # persistent ones stop once both are gone.
         self._current: weakref.ref[EpochIterator] | None = None
         self._dropped: dict[str, Any] | None = None  # the position of a dropped iterator
         self._resume: dict[str, Any] | None = None
@@ -295,7 +309,8 @@ class EchoingDataLoader:
     @_iterator.setter
     def _iterator(self, value: None) -> None:
         # Frameworks reset DataLoader._iterator to None to stop its workers (Lightning, at the
-        # end of fit): stop them, and keep the epoch's position for state_dict().
+        # end of fit; persistent ones too, as DataLoader's): stop them, and keep the epoch's
+        # position for state_dict().
         if value is not None:
             raise ValueError("EchoingDataLoader._iterator can only be reset to None")
         it = self._iterator
@@ -304,6 +319,8 @@ class EchoingDataLoader:
                 self._keep_dropped(it.root.state_dict())
             it.supersede()
         self._current = None
+        if self._persistent is not None:
+            self._persistent.stop()
 
     def _live_position(self) -> dict[str, Any] | None:
         """The root state of the epoch in progress (live or dropped mid-epoch), else None."""
@@ -365,18 +382,18 @@ class EchoingDataLoader:
 
     def _prepare_epoch(self, resume: dict[str, Any] | None) -> None:
         """Hand the pipeline this epoch's seed, rank and (with a sampler) read order."""
-        pipeline = self._pipeline
-        pipeline.epoch, pipeline.seed = self._epoch, self.seed
+        fields = self._pipeline.fields
+        fields.epoch, fields.seed = self._epoch, self.seed
         rank, world = data_parallel_rank()
         # A sampler already chose this rank's share: the ranks keep their own seeds, but the
         # loader does not split the data a second time.
-        pipeline.rank, pipeline.world = (rank, 1) if self.sampler is not None else (rank, world)
+        fields.rank, fields.world = (rank, 1) if self.sampler is not None else (rank, world)
         if self.sampler is None:
-            pipeline.indices = None
+            fields.indices = None
         elif resume is not None and resume.get("indices") is not None:
-            pipeline.indices = resume["indices"].numpy()  # the order the checkpoint was read in
+            fields.indices = resume["indices"].numpy()  # the order the checkpoint was read in
         else:
-            pipeline.indices = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+            fields.indices = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
 
     def _build_root(self) -> tuple[BaseNode[Any], WorkersNode, Any]:
         """The main-process chain, its workers node, and the stage whose fresh batches count
@@ -385,7 +402,8 @@ class EchoingDataLoader:
         if opts.where == "device":
             return self._build_device_root()
         batch_auto = opts.where == "batch" and opts.adaptive
-        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=batch_auto)
+        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=batch_auto,
+                              persistent=self._persistent)  # fmt: skip
         if opts.where != "batch":
             return workers, workers, None
         node: BaseNode[Any] = workers
@@ -406,7 +424,8 @@ class EchoingDataLoader:
         assert device is not None
         # Fresh batches may be read ahead of the consumer (the next copy in flight, or "auto"'s
         # reader): their examples count once a stage hands them on.
-        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=True)
+        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=True,
+                              persistent=self._persistent)  # fmt: skip
         key = (self._epoch, MAIN_PROCESS)
         node: BaseNode[Any] = ToDevice(workers, device, ahead=self._copies_ahead())
         reader = node
@@ -446,8 +465,9 @@ class EchoingDataLoader:
             "root": root,
             "stats": self.stats.state_dict(),
         }
-        if live and self._pipeline.indices is not None:
-            state["indices"] = torch.from_numpy(self._pipeline.indices.copy())
+        indices = self._pipeline.fields.indices if live else None  # a copy
+        if indices is not None:
+            state["indices"] = torch.from_numpy(indices)
         if not live and is_stateful(self.dataset) and is_map_style(self.dataset):
             # Between epochs, a map-style dataset's own state (a cache, counters) is kept. An
             # iterable one's is a position in the pass just finished, which would make the
@@ -475,10 +495,13 @@ class EchoingDataLoader:
             self.dataset.load_state_dict(state["dataset"])
 
     def close(self) -> None:
-        """Stop the current epoch's workers now (also done at the end of each epoch)."""
+        """Stop the workers now: done at the end of each epoch too, except with
+        ``persistent_workers``, whose workers stop here (or when the loader is collected)."""
         it = self._iterator
         if it is not None:
             it.close()
+        if self._persistent is not None:
+            self._persistent.stop()
 
     def __enter__(self) -> EchoingDataLoader:
         return self

@@ -1,8 +1,9 @@
 """One epoch's iterator: started lazily, timed, counted, and released when dropped.
 
 The iterator holds no reference to its loader once started, and the loader holds it weakly,
-so dropping either stops the workers at once; a position dropped mid-epoch goes back to the
-loader through :class:`WeakCall`, so ``state_dict()`` still holds it.
+so dropping either stops the workers at once (persistent ones, once both are dropped); a
+position dropped mid-epoch goes back to the loader through :class:`WeakCall`, so
+``state_dict()`` still holds it.
 """
 
 from __future__ import annotations

@@ -292,6 +292,7 @@ def check_dataloader_arguments(
     sampler: Any,
     batch_sampler: Any,
     persistent_workers: Any,
+    num_workers: int,
 ) -> None:
     """DataLoader's own argument rules, and the ones echoing adds (see the class docstring)."""
     if batch_size is None:
@@ -305,10 +306,11 @@ def check_dataloader_arguments(
             "echo stage, so a sampler's batches would not survive it; pass sampler= (the order "
             "of examples) and batch_size= instead"
         )
-    if persistent_workers:
+    if persistent_workers and num_workers == 0:
         raise ValueError(
-            "persistent_workers=True is not supported by EchoingDataLoader: each epoch's "
-            "workers carry that epoch's order and seeds; drop the persistent_workers argument"
+            f"persistent_workers={persistent_workers!r} needs num_workers > 0 (as with "
+            "DataLoader): with num_workers=0 the main process reads and there are no workers "
+            "to keep; pass num_workers=1 or more, or drop persistent_workers"
         )
     iterable = not is_map_style(dataset)
     if iterable and shuffle:

@@ -23,6 +23,7 @@ from torchdata.nodes import BaseNode, Batcher, Mapper
 
 from dataecho.loader.dataset_transform import find_transform, lifts
 from dataecho.loader.delivery import Delivery
+from dataecho.loader.epoch_fields import EpochFields
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.read_ahead import read_ahead, stop_read_ahead
 from dataecho.loader.reading import (
@@ -55,24 +56,29 @@ MAIN_PROCESS = 1 << 20
 class PipelineDataset(IterableDataset):
     """What the inner ``StatefulDataLoader`` iterates: one pipeline per worker and epoch.
 
-    The training process sets the epoch's fields before each ``iter()``; worker processes get
-    them with the pickled dataset.
+    The training process sets the epoch's ``fields`` before each ``iter()``; with
+    ``persistent_workers`` they are in shared memory (:mod:`dataecho.loader.epoch_fields`).
     """
 
     def __init__(
-        self, dataset: Any, options: LoaderOptions, collate_fn: Callable[[list[Any]], Any]
+        self,
+        dataset: Any,
+        options: LoaderOptions,
+        collate_fn: Callable[[list[Any]], Any],
+        *,
+        persistent_workers: bool = False,
     ) -> None:
         self.dataset = dataset
         self.options = options
         self.collate_fn = collate_fn
-        self.epoch = 0
-        self.seed = 0
-        self.rank, self.world = 0, 1
-        self.indices: np.ndarray | None = None  # the sampler's order for this epoch, if any
+        self.fields = EpochFields(shared=persistent_workers)
         self.pipe_small_batches = True  # see dataecho.loader.transport; off for pin_memory
         self._live: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
     def __iter__(self) -> PipelineIterator:
+        # A new epoch in this process ends the previous one's pipeline: a persistent worker
+        # lives on, and a pipeline dropped mid-epoch would leave its threads behind in it.
+        self.close_iterators()
         it = PipelineIterator(self)
         self._live.add(it)
         return it
@@ -95,15 +101,17 @@ def read_indices(
 ) -> np.ndarray:
     """The indices worker ``worker`` reads in ``epoch`` (default: the owner's) of a map-style
     dataset (see :mod:`dataecho.loader.reading`)."""
-    epoch = owner.epoch if epoch is None else epoch
-    if owner.indices is not None:  # the sampler decided, this rank's share included
-        return reader_share(owner.indices, reader=worker, readers=num_workers, equal=False)
+    fields = owner.fields
+    epoch = fields.epoch if epoch is None else epoch
+    indices = fields.indices
+    if indices is not None:  # the sampler decided, this rank's share included
+        return reader_share(indices, reader=worker, readers=num_workers, equal=False)
     shuffle = owner.options.shuffle
-    order_seed = derive_seed(owner.seed, epoch, STAGE_ORDER) if shuffle else None
+    order_seed = derive_seed(fields.seed, epoch, STAGE_ORDER) if shuffle else None
     order = epoch_order(len(owner.dataset), order_seed)
-    readers = owner.world * num_workers
-    reader = owner.rank * num_workers + worker
-    return reader_share(order, reader=reader, readers=readers, equal=owner.world > 1)
+    readers = fields.world * num_workers
+    reader = fields.rank * num_workers + worker
+    return reader_share(order, reader=reader, readers=readers, equal=fields.world > 1)
 
 
 class OnItem:
@@ -122,11 +130,12 @@ class PipelineIterator:
     def __init__(self, owner: PipelineDataset) -> None:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
-        opts = owner.options
+        opts, fields = owner.options, owner.fields
         # Each reader of a data-parallel run (rank x worker) draws its own echo, shuffle and
         # augmentation randomness; a single process keeps the plain worker id.
-        reader = owner.rank * num_workers + worker
-        seed = lambda stage: derive_seed(owner.seed, owner.epoch, reader, stage)  # noqa: E731
+        reader = fields.rank * num_workers + worker
+        pipeline_seed, epoch = fields.seed, fields.epoch
+        seed = lambda stage: derive_seed(pipeline_seed, epoch, reader, stage)  # noqa: E731
 
         # The dataset's own transform, if it has one known there, runs on each copy instead.
         lifted = find_transform(owner.dataset) if lifts(opts) else None

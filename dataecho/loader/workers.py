@@ -3,12 +3,15 @@
 Each worker runs its own pipeline (:mod:`dataecho.loader.pipeline`) and sends ``(batch,
 fresh_count)``; this node unwraps the transport, adds the fresh counts to the loader's stats
 (at once, or when an adaptive stage reading ahead hands the batch on), checkpoints through
-``StatefulDataLoader.state_dict`` and shuts the workers down.
+``StatefulDataLoader.state_dict`` and shuts the workers down at the epoch's end, or, with
+``persistent_workers``, leaves them to :class:`PersistentWorkers`, which keeps them across
+epochs.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -16,9 +19,53 @@ from typing import Any
 from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from dataecho.loader.epoch_fields import EpochFields
 from dataecho.loader.pipeline import PipelineDataset
 from dataecho.loader.transport import from_wire
 from dataecho.stages import EchoStats
+
+
+class PersistentWorkers:
+    """The inner loader's workers, kept across epochs (``persistent_workers=True``).
+
+    Held by the loader and by each epoch's :class:`WorkersNode`: the workers stop at
+    :meth:`stop`, or once the last holder is collected (even inside a reference cycle: the
+    finalizer holds the inner loader, so its queues are alive when it stops the workers).
+    """
+
+    def __init__(self, loader: StatefulDataLoader, fields: EpochFields) -> None:
+        self._loader = loader
+        self._fields = fields
+        self._running = False
+        self._generation = fields.generation  # of the order buffer the running workers read
+        # One thread at a time on the inner iterator: the reader thread of an adaptive stage
+        # whose epoch ended may still be inside next() when the next epoch resets the workers.
+        self.lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _stop_workers_of, loader)
+        self._finalizer.atexit = False
+
+    def start_epoch(self, initial_state: dict[str, Any] | None) -> Iterator[Any]:
+        """The inner iterator of a new epoch: the running workers, reset by torchdata, or new
+        ones when none run, for a resume from ``initial_state`` (torchdata restores workers
+        as they start) or for a sampler's order that outgrew the buffer the running ones read
+        (:mod:`dataecho.loader.epoch_fields`)."""
+        with self.lock:
+            outgrown = self._fields.generation != self._generation
+            if not self._running or initial_state is not None or outgrown:
+                self.stop()
+                self._loader.load_state_dict(initial_state or {})  # {}: no iterator, no state
+            try:
+                it = iter(self._loader)
+            except BaseException:  # a worker failed to start or to resume: none are reused
+                self.stop()
+                raise
+            self._running, self._generation = True, self._fields.generation
+            return it
+
+    def stop(self) -> None:
+        """Shut the workers down now; the next epoch starts new ones."""
+        self._running = False
+        _stop_workers_of(self._loader)
 
 
 class WorkersNode(BaseNode[Any]):
@@ -28,6 +75,8 @@ class WorkersNode(BaseNode[Any]):
     their fresh counts wait in ``pending`` until :meth:`settle` is told those batches reached it.
     A resumed reader may first read again batches handed on before the checkpoint (see
     :meth:`replaying`): counted then, they are dropped uncounted.
+    With ``persistent`` (the loader's :class:`PersistentWorkers`), the workers outlive the
+    epoch; a failure in it stops them.
     """
 
     def __init__(
@@ -37,10 +86,13 @@ class WorkersNode(BaseNode[Any]):
         stats: EchoStats,
         *,
         deferred: bool = False,
+        persistent: PersistentWorkers | None = None,
     ) -> None:
         super().__init__()
         self._loader = loader
         self._pipeline = pipeline
+        self._persistent = persistent
+        self._lock = persistent.lock if persistent is not None else threading.Lock()
         self.batch_size = pipeline.options.batch_size  # its items are batches (stats.unit)
         self._stats = stats
         self.deferred = deferred
@@ -54,6 +106,11 @@ class WorkersNode(BaseNode[Any]):
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self.close()
+        self.pending.clear()  # a resume re-reads what was read ahead but not handed out
+        self._replays = 0
+        if self._persistent is not None:
+            self._it = self._persistent.start_epoch(initial_state)
+            return
         if initial_state is not None:
             self._loader.load_state_dict(initial_state)
         self._it = iter(self._loader)
@@ -63,11 +120,20 @@ class WorkersNode(BaseNode[Any]):
         # queues are alive when it shuts the workers down.
         self._stop = weakref.finalize(self, _shutdown_workers, self._it)
         self._stop.atexit = False
-        self.pending.clear()  # a resume re-reads what was read ahead but not handed out
-        self._replays = 0
 
     def next(self) -> Any:
-        batch, fresh = next(self._it)
+        with self._lock:
+            it = self._it
+            if it is None:  # closed: read by the reader thread of an epoch that has ended
+                raise StopIteration
+            try:
+                batch, fresh = next(it)
+            except StopIteration:
+                raise
+            except BaseException:
+                if self._persistent is not None:  # the inner iterator's state is unknown now
+                    self._persistent.stop()
+                raise
         if self._piped:
             batch = from_wire(batch)
         if self.deferred:
@@ -100,6 +166,11 @@ class WorkersNode(BaseNode[Any]):
             self._stop()
         self._it = None
         self._pipeline.close_iterators()
+
+
+def _stop_workers_of(loader: StatefulDataLoader) -> None:
+    if loader._iterator is not None:  # persistent workers: the loader holds their iterator
+        _shutdown_workers(loader._iterator)
 
 
 def _shutdown_workers(it: Any) -> None:
