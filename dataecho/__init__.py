@@ -22,6 +22,7 @@ The ``dataecho`` command, its demo and training runs are the application,
 
 from dataecho import augment, schedules, transforms
 from dataecho.loader import EchoingDataLoader, LoaderOptions
+from dataecho.loader.dataset_transform import IdenticalCopiesWarning
 from dataecho.optim import EchoedGD, EchoedNesterov, EchoedOptimizer, EchoedProxGD
 from dataecho.profiling import ProfileReport, format_report, profile, time_model
 from dataecho.progress import TrainingProgress
@@ -77,6 +78,7 @@ __all__ = [
     "EchoedOptimizer",
     "EchoedProxGD",
     "EchoingDataLoader",
+    "IdenticalCopiesWarning",
     "LoaderOptions",
     "MixExamples",
     "ProfileReport",

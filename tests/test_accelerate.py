@@ -22,7 +22,8 @@ from dataecho import EchoingDataLoader
 N = 32  # examples: 16 batches an epoch at a batch size of 4, each example twice
 EPOCHS = 2
 STEPS = 32  # two epochs
-LOADER = {"batch_size": 4, "echo_factor": 2, "shuffle": True, "shuffle_buffer": 5, "seed": 0}
+LOADER = {"batch_size": 4, "echo_factor": 2, "where": "after_augment", "shuffle": True,
+          "shuffle_buffer": 5, "seed": 0}  # fmt: skip
 
 
 class Indexed(Dataset):

@@ -26,7 +26,7 @@ from dataecho import EchoingDataLoader
 
 N = 32  # examples: 16 batches an epoch at a batch size of 4, each example twice
 STEPS = 32  # two epochs
-LOADER = {"echo_factor": 2, "shuffle": True, "shuffle_buffer": 5}
+LOADER = {"echo_factor": 2, "where": "after_augment", "shuffle": True, "shuffle_buffer": 5}
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*ignore_data_skip.*")
 

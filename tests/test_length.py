@@ -64,8 +64,9 @@ def test_len_is_what_every_epoch_yields(where, num_workers, order, drop_last, fa
 def test_example_echoing_gives_each_worker_share_its_exact_extra_copies(num_workers, shares):
     # 23 examples at 1.5: a worker reading n of them emits n + floor(n / 2 + 1/2).
     loader = EchoingDataLoader(
-        Numbers(23), batch_size=100, echo_factor=1.5, num_workers=num_workers, seed=0
-    )
+        Numbers(23), batch_size=100, echo_factor=1.5, where="after_augment",
+        num_workers=num_workers, seed=0,
+    )  # fmt: skip
     want = [n + math.floor(n / 2 + 0.5) for n in shares]
     assert len(loader) == len(shares)  # one (short) batch per worker
     for _ in range(2):

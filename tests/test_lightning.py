@@ -161,7 +161,7 @@ def test_each_epoch_trains_len_batches_and_every_example_echo_factor_times(where
     assert module.loader.stats.fresh_examples == 2 * N and module.loader.stats.batches == 32
 
 
-@pytest.mark.parametrize("where", ["batch", "before_augment"])
+@pytest.mark.parametrize("where", ["batch", "after_augment"])
 def test_a_fractional_factor_trains_every_example_every_epoch(where):
     # Lightning reads len(loader) once: an epoch that yielded fewer batches than another would
     # be cut short there, and some examples left untrained.
@@ -172,7 +172,7 @@ def test_a_fractional_factor_trains_every_example_every_epoch(where):
     # 5 fresh batches, 3 of them twice more; or 100 examples in batches of 8.
     assert len(module.loader) == 13 == trainer.num_training_batches
     assert [len(epoch) for epoch in module.epochs()] == [13, 13, 13]
-    if where == "before_augment":  # exactly half of the examples 3 times, the rest twice
+    if where == "after_augment":  # exactly half of the examples 3 times, the rest twice
         for epoch in module.epochs():
             assert collections.Counter(counts(epoch).values()) == {3: 20, 2: 20}
     assert module.loader.stats.fresh_examples == 3 * 40

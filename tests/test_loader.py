@@ -291,7 +291,8 @@ LOADED_STATES = {"before iteration": (0, 0), "mid-epoch": (0, 3), "end of epoch"
 def test_load_state_dict_on_a_live_loader_supersedes_its_iterator(loaded, num_workers):
     def make():
         return EchoingDataLoader(Numbers(12), batch_size=2, echo_factor=2, shuffle=True,
-                                 seed=3, num_workers=num_workers)  # fmt: skip
+                                 where="after_augment", seed=3,
+                                 num_workers=num_workers)  # fmt: skip
 
     reference = make()
     want = [labels_of(reference) for _ in range(3)]
