@@ -222,7 +222,8 @@ class WorkerPids(WithValidation):
 
 @pytest.mark.timeout(120)
 def test_persistent_workers_serve_every_epoch_and_stop_at_the_end_of_fit():
-    kwargs = {"batch_size": 8, "echo_factor": 2, "shuffle": True, "seed": 0, "num_workers": 1}
+    kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
+              "seed": 0, "num_workers": 1}  # fmt: skip
     module = WorkerPids({**kwargs, "persistent_workers": True})
     fit(module, max_epochs=3, limit_train_batches=0.5)  # epochs cut short, and validations
     twin = EchoingDataLoader(Indexed(N), **kwargs)

@@ -18,6 +18,9 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from dataecho import EchoingDataLoader
 
+# What these tests check is the workers' life, not augmentation: identical copies are meant.
+pytestmark = pytest.mark.filterwarnings("ignore::dataecho.IdenticalCopiesWarning")
+
 CASES = {
     "before_augment": dict(where="before_augment", echo_factor=2, shuffle_buffer=5,
                            transform=add_noise),

@@ -117,8 +117,9 @@ class SignalParentAtRead(Numbers):
 
 
 def make_persistent(dataset) -> EchoingDataLoader:
-    return EchoingDataLoader(dataset, batch_size=4, echo_factor=2, shuffle_buffer=8, seed=3,
-                             shuffle=True, num_workers=1, persistent_workers=True)  # fmt: skip
+    return EchoingDataLoader(dataset, batch_size=4, echo_factor=2, where="after_augment",
+                             shuffle_buffer=8, seed=3, shuffle=True, num_workers=1,
+                             persistent_workers=True)  # fmt: skip
 
 
 @pytest.mark.timeout(60)

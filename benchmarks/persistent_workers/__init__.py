@@ -124,7 +124,7 @@ def run_case(case: Case, s: Settings, path: Path, opens: Any) -> Epochs:
         dataset = OpenedPerProcess(path, s.examples, opens)
     opened = opens.value
     loader = EchoingDataLoader(dataset, batch_size=s.batch_size, echo_factor=s.echo_factor,
-                               shuffle=True, num_workers=case.workers, seed=s.seed,
+                               where="after_augment", shuffle=True, num_workers=case.workers, seed=s.seed,
                                persistent_workers=case.persistent)  # fmt: skip
     out = Epochs()
     with loader:

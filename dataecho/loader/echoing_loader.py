@@ -484,6 +484,8 @@ class EchoingDataLoader:
         it = self._iterator
         if it is not None:
             it.supersede()  # stops its workers too
+        if self._persistent is not None:  # kept workers hold the old position: new ones resume
+            self._persistent.stop()
         self._current, self._dropped = None, None
         self.seed = int(state["seed"])
         self.stats.load_state_dict(state["stats"])
