@@ -28,8 +28,10 @@ system-packages: $(STAMP)
 demo: $(STAMP) system-packages
 	$(BIN)/dataecho demo
 
+# Two test processes, a file each at a time (a file's module fixtures are built once): most
+# tests wait on loader workers, nginx or ranks, so two share the two cores well.
 test: $(STAMP) system-packages lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check dataecho experiments benchmarks scripts tests

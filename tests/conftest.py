@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
 import signal
 import subprocess
 import time
@@ -201,6 +202,29 @@ class SlowIterable:
         for i in range(self.n):
             time.sleep(self.delay)
             yield i
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (reaped first if it is an exited child of ours)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (a framework's training step beside the suite's other
+    processes on two cores), restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def wait_until(done: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -19,6 +19,8 @@ from torch.utils.data import Dataset
 
 from dataecho import EchoingDataLoader
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 N = 32  # examples: 16 batches an epoch at a batch size of 4, each example twice
 EPOCHS = 2
 STEPS = 32  # two epochs
@@ -69,14 +71,6 @@ class Run:
 
     def weights(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.model.parameters()]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

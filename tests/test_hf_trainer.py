@@ -28,7 +28,10 @@ N = 32  # examples: 16 batches an epoch at a batch size of 4, each example twice
 STEPS = 32  # two epochs
 LOADER = {"echo_factor": 2, "where": "after_augment", "shuffle": True, "shuffle_buffer": 5}
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*ignore_data_skip.*")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*ignore_data_skip.*"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 class Indexed(Dataset):
@@ -119,14 +122,6 @@ def weights(trainer: Trainer) -> list[torch.Tensor]:
 def assert_same_weights(got: Trainer, want: Trainer) -> None:
     for a, b in zip(weights(got), weights(want), strict=True):
         assert torch.equal(a, b)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", autouse=True)

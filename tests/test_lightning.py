@@ -33,6 +33,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
     pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
     pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`"),
+    pytest.mark.usefixtures("one_thread"),
 ]
 
 
@@ -133,14 +134,6 @@ def fit(module: L.LightningModule, ckpt_path: str | Path | None = None, **kwargs
 
 def counts(batches: list[list[int]]) -> collections.Counter:
     return collections.Counter(i for ids in batches for i in ids)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("where", ["before_augment", "batch"])

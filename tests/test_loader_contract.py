@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import torch_roundtrip
+from conftest import alive, torch_roundtrip
 from test_loader import Numbers, NumberStream, add_noise, labels_of
 from torch.utils.data import (
     DataLoader,
@@ -228,21 +228,9 @@ def test_dropping_a_loader_mid_epoch_releases_its_workers_within_a_second(drop):
         del it
     assert time.monotonic() - start < 1.0
     deadline = time.monotonic() + 1.0
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not any(_alive(p) for p in pids)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    assert not any(alive(p) for p in pids)
 
 
 class SelfIterating(IterableDataset):
@@ -403,6 +391,6 @@ def test_a_loader_inside_a_reference_cycle_is_collected_without_the_workers_join
     gc.collect()
     assert time.monotonic() - start < 3.0
     deadline = time.monotonic() + 3.0
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)

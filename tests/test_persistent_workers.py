@@ -6,13 +6,12 @@ from __future__ import annotations
 import collections
 import gc
 import multiprocessing
-import os
 import threading
 import time
 
 import pytest
 import torch
-from conftest import assert_same_stream, run_test_save_load_state, wait_until
+from conftest import alive, assert_same_stream, run_test_save_load_state, wait_until
 from test_loader import Numbers, NumberStream, add_noise, labels_of
 from torch.utils.data import DistributedSampler, Sampler
 
@@ -33,18 +32,6 @@ CASES = {
 
 def worker_pids(loader: EchoingDataLoader) -> list[int]:
     return [w.pid for w in loader._inner._iterator._workers]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)  # reap it if it has exited
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def gone(pids: list[int], timeout: float = 1.0) -> bool:
