@@ -194,7 +194,7 @@ def report(raw: dict[Case, list[Epochs]], s: Settings, open_seconds: float, comm
         f"Command: `{command}`.\nMachine: {m['cpu']}; torch {m['torch']}. Load before: {load}; "
         f"after: {common.load_average()}.\n{s.rounds} round(s) of {s.epochs} measured epochs "
         f"(after epoch 0) per case, interleaved; {s.examples:,} examples per epoch, batches "
-        f"of {s.batch_size}, e = {s.echo_factor:g} before augmentation. One load of the "
+        f"of {s.batch_size}, e = {s.echo_factor:g} (where='after_augment'). One load of the "
         f"opened file ({s.file_images:,} images): {1e3 * open_seconds:.0f} ms.\n\n"
         f"{common.markdown_table(HEADERS, rows(raw), align='lrrrrlrr')}\n\n"
         "start: iter() to the first batch, median over the measured epochs of every round; "
