@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.error
 from pathlib import Path
@@ -154,6 +155,24 @@ def test_an_http_proxy_in_the_environment_does_not_catch_loopback(shards, monkey
         assert [y for _, y in ShardDataset(server.url)] == labels.tolist()
 
 
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_a_server_started_from_a_thread_that_ends_keeps_serving(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"hello")
+    server = NginxServer(tmp_path)
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join()
+    try:
+        time.sleep(2)  # a parent-death signal tied to the thread would have fired by now
+        assert _direct.open(server.url + "/a.bin", timeout=5).read() == b"hello"
+        assert alive(server.pid)
+    finally:
+        pid = server.pid
+        server.stop()
+    assert wait_gone(pid, timeout=5) == []
+
+
 def run_child(body: str, tmp: Path) -> subprocess.Popen:
     """A Python process running ``body``; its temp files (a SIGKILL leaves some) go to ``tmp``."""
     script = textwrap.dedent(
@@ -177,15 +196,26 @@ def run_child(body: str, tmp: Path) -> subprocess.Popen:
 def test_no_nginx_outlives_its_python_process(tmp_path):
     # Three Python processes, started together (their imports are the slow part):
     # SIGINT -> KeyboardInterrupt runs __exit__; SIGKILL -> no Python cleanup at all, the
-    # kernel's parent-death signal stops nginx; a server never stopped -> atexit stops it.
+    # watcher stops nginx (started from a thread that has ended: the watcher does not depend
+    # on which thread started nginx); a server never stopped -> atexit stops it.
     serve = f"""
         with NginxServer({str(tmp_path)!r}) as server:
             print(server.pid, flush=True)
             time.sleep(60)
         """
+    from_thread = f"""
+        import threading
+        server = NginxServer({str(tmp_path)!r})
+        starter = threading.Thread(target=server.start)
+        starter.start()
+        starter.join()
+        time.sleep(1)  # time for a parent-death signal tied to the thread to stop nginx
+        print(server.pid, flush=True)
+        time.sleep(60)
+        """
     children = {
         "SIGINT": run_child(serve, tmp_path),
-        "SIGKILL": run_child(serve, tmp_path),
+        "SIGKILL": run_child(from_thread, tmp_path),
         "atexit": run_child(f"print(NginxServer({str(tmp_path)!r}).start().pid)", tmp_path),
     }
     try:
@@ -205,7 +235,7 @@ def test_no_nginx_outlives_its_python_process(tmp_path):
             child.communicate()
     assert children["atexit"].returncode == 0
     for name, pid in pids.items():
-        assert wait_gone(pid) == [], f"nginx left running after {name}"
+        assert wait_gone(pid, timeout=5) == [], f"nginx left running after {name}"
 
 
 @needs_nginx

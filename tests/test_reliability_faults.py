@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import tarfile
 import threading
 import time
@@ -23,8 +24,14 @@ from conftest import needs_nginx, torch_roundtrip
 from test_reliability_resume import damage_png, shard_positions, synthetic
 
 from dataecho.app.sources.nginx import NginxServer
-from dataecho.app.sources.retrying import Backoff, BadRecordError, ShardReadError, is_transient
-from dataecho.app.sources.shards import ShardDataset, write_image_shards
+from dataecho.app.sources.retrying import (
+    Backoff,
+    BadRecordError,
+    ShardReadError,
+    UpstreamError,
+    is_transient,
+)
+from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
 from dataecho.loader import EchoingDataLoader
 
 N, PER_SHARD = 120, 40
@@ -143,6 +150,56 @@ def test_a_server_gone_for_good_fails_naming_shard_and_record_then_resumes(folde
         resumed.load_state_dict(state)
         got += list(resumed)
     assert [y for _, y in got] == labels
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_the_manifest_is_retried_until_the_server_comes_up(folder, caplog):
+    folder, labels = folder
+    port = free_port()
+    server = NginxServer(folder, port=port)
+    late = threading.Timer(1.0, server.start)  # nobody listens on the port until then
+    late.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="dataecho.shards"):
+            start = time.monotonic()
+            dataset = ShardDataset(f"http://127.0.0.1:{port}", retry_seconds=30)
+            waited = time.monotonic() - start
+        assert waited >= 0.9 and dataset.manifest == load_manifest(folder)
+        assert [y for _, y in dataset] == labels
+    finally:
+        late.join()
+        server.stop()
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert retries and f"reading http://127.0.0.1:{port}/{MANIFEST} failed" in retries[0]
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_a_manifest_server_that_never_comes_up_fails_naming_url_and_fix(folder):
+    folder, _ = folder
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+    start = time.monotonic()
+    with pytest.raises(UpstreamError) as caught:
+        load_manifest(url, retry_seconds=1.0)
+    assert 1.0 <= time.monotonic() - start < 5
+    message = str(caught.value)
+    assert message.startswith(f"cannot read {url}/{MANIFEST} after retrying for 1.")
+    assert "retry_seconds=1 sets how long" in message and "Connection refused" in message
+    assert message.endswith(
+        "check that the upstream is up and serves the folder dataecho prepare wrote"
+    )
+    # A missing manifest is lasting: not retried (a retry would time the test out).
+    (folder / MANIFEST).unlink()
+    with NginxServer(folder) as server:
+        with pytest.raises(UpstreamError, match=rf"{MANIFEST}: HTTPError: HTTP Error 404"):
+            load_manifest(server.url, retry_seconds=600)
 
 
 @needs_nginx

@@ -147,8 +147,12 @@ def test_missing_or_unreachable_upstreams_say_what_to_do(fm_dir, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    with pytest.raises(UpstreamError, match=f"cannot read {url}/manifest.json: .*is the server"):
-        build_data(TrainConfig(data_dir=fm_dir, upstream=url))
+    with pytest.raises(
+        UpstreamError,
+        match=f"cannot read {url}/manifest.json after retrying .*retry_seconds=0.3 sets how long"
+        ".*check that the upstream is up",
+    ):
+        build_data(TrainConfig(data_dir=fm_dir, upstream=url, retry_seconds=0.3))
     write_text_shards([np.arange(5, dtype=np.uint8)], tmp_path / "text")
     with pytest.raises(UpstreamError, match="holds tokens shards, but workload='cnn' trains on"):
         build_data(TrainConfig(data_dir=fm_dir, upstream=str(tmp_path / "text")))

@@ -169,7 +169,11 @@ def _digest(*tensors: torch.Tensor) -> str:
 def _shards(cfg: TrainConfig) -> tuple[shards.ShardDataset, str, str]:
     spec = cfg.upstream
     try:
-        manifest = shards.load_manifest(spec)
+        manifest = shards.load_manifest(
+            spec, retry_seconds=cfg.retry_seconds, timeout_s=cfg.http_timeout
+        )
+    except UpstreamError:  # already names the URL, the retrying and the fix
+        raise
     except FileNotFoundError as err:
         raise DataNotFoundError(
             f"{err}. Write them with:  dataecho prepare --out DIR"

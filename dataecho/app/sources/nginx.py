@@ -6,8 +6,19 @@
 Everything nginx writes (config, pid, logs, temp files) lives in a fresh temp folder. nginx runs
 in the foreground (``daemon off``) in its own process group, and is stopped (SIGTERM, then
 SIGKILL for the whole group) on ``__exit__``, on an error while starting, on Ctrl-C (the
-``KeyboardInterrupt`` runs ``__exit__``), at interpreter exit (``atexit``) and, on Linux, when
-the Python process dies without cleaning up (the kernel's parent-death signal).
+``KeyboardInterrupt`` runs ``__exit__``), at interpreter exit (``atexit``) and when the Python
+process dies without cleaning up (``kill -9``): see *Lifetime*.
+
+Lifetime: nginx lives as long as the process that started it, whichever thread started it.
+The kernel's parent-death signal does not do this: it fires when the *thread* that forked the
+child exits, so a server started from a short-lived thread would be stopped under its users.
+nginx is not Python, so it cannot poll its parent the way loader workers do
+(:mod:`dataecho.loader.lifetime`); instead a tiny ``sh`` watcher, in a session of its own,
+waits on a pipe whose only write end this process holds. When the process dies, however it
+dies, the kernel closes that end, the watcher's read ends, and it stops nginx's process group
+(SIGTERM, then SIGKILL). A forked child (a DataLoader worker) inherits the write end, so a
+server outlives its process by as long as such children do (loader workers: a tenth of a
+second).
 
 Bandwidth: nginx's ``limit_rate`` caps each *connection*. Every shard is one HTTP request
 (:mod:`dataecho.app.sources.retrying`), and each DataLoader worker streams one shard at a time, so
@@ -23,7 +34,6 @@ than the per-second cap would arrive unthrottled, so the config sets ``sendfile_
 from __future__ import annotations
 
 import atexit
-import ctypes
 import grp
 import os
 import pwd
@@ -31,7 +41,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -100,6 +109,8 @@ class NginxServer:
         self.startup_timeout_s = startup_timeout_s
         self.prefix: Path | None = None
         self._proc: subprocess.Popen | None = None
+        self._watcher: subprocess.Popen | None = None  # stops nginx once this process is gone
+        self._lifeline: int | None = None  # the pipe's write end, held only by this process
 
     @property
     def url(self) -> str:
@@ -124,6 +135,7 @@ class NginxServer:
             for attempt in range(3):  # a free port found here may be taken before nginx binds
                 port = self._fixed_port or _free_port()
                 self._proc = self._spawn(binary, port)
+                self._watch(self._proc.pid)
                 if self._wait_ready(port):
                     self.port = port
                     return self
@@ -183,8 +195,21 @@ class NginxServer:
                 stdout=out,
                 stderr=out,
                 start_new_session=True,  # own group: killpg reaches master and workers
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
+
+    def _watch(self, pgid: int) -> None:
+        """Start the watcher that stops group ``pgid`` when this process's pipe end closes."""
+        read_end, self._lifeline = os.pipe()  # not inherited by exec'd children (O_CLOEXEC)
+        try:
+            self._watcher = subprocess.Popen(
+                ["/bin/sh", "-c", _WATCHER, "dataecho-nginx-watcher", str(pgid)],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C to the terminal's group does not reach it
+            )
+        finally:
+            os.close(read_end)
 
     def _config(self, port: int) -> str:
         p = self.prefix
@@ -250,8 +275,20 @@ http {{
 
     def _stop_process(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
+        if proc is not None:
+            self._stop_group(proc)
+        # The watcher goes after nginx, which is guarded to the end, and is killed before its
+        # pipe closes: it never acts on a normal stop, when nginx's group id may be reused.
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.kill()
+            watcher.wait()
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)
+
+    @staticmethod
+    def _stop_group(proc: subprocess.Popen) -> None:
         if proc.poll() is None:
             _killpg(proc.pid, signal.SIGTERM)  # nginx: fast shutdown, closes connections
             try:
@@ -310,10 +347,11 @@ def _q(path: Path) -> str:
     return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the thread that started it dies (Linux)."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# The watcher: `read` returns at end of file, when the owner's write end is closed (the owner
+# died), then nginx's group ($1) gets SIGTERM (a fast shutdown) and SIGKILL if it lingers.
+_WATCHER = """read -r _
+kill -TERM -$1 2>/dev/null
+tries=0
+while kill -0 -$1 2>/dev/null && [ $tries -lt 50 ]; do sleep 0.1; tries=$((tries + 1)); done
+kill -KILL -$1 2>/dev/null
+"""

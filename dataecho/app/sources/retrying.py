@@ -3,6 +3,7 @@
     stream = open_shard("http://127.0.0.1:8080/images-000003.tar", timeout_s=30)
     backoff = Backoff(retry_seconds=60)
     delay = backoff.failed()        # None once the failures have lasted retry_seconds
+    body = read_retrying("http://127.0.0.1:8080/manifest.json", retry_seconds=60, timeout_s=30)
 
 An HTTP shard is read with ``urllib`` in the reading process (a DataLoader worker): a stalled
 server is noticed by the socket timeout (``timeout_s`` without a byte), a dropped connection
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import logging
 import math
 import time
 import urllib.error
@@ -30,6 +32,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _default = urllib.request.build_opener()
 _BUFFER = 1 << 16
+log = logging.getLogger("dataecho.shards")
 
 
 class UpstreamError(DataechoError, OSError):
@@ -69,6 +72,41 @@ def is_transient(err: BaseException) -> bool:
         return err.code >= 500 or err.code in (408, 429)
     return isinstance(
         err, (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException)
+    )
+
+
+def read_retrying(url: str, *, retry_seconds: float, timeout_s: float) -> bytes:
+    """The whole body at ``url``, read again while faults pass, as a shard read is.
+
+    A transient fault (:func:`is_transient`) of an HTTP upstream is retried with
+    :class:`Backoff` for ``retry_seconds``; a lasting one (404, or any error of a file) and
+    one that outlasts the budget raise :class:`UpstreamError` with :func:`give_up_message`.
+    """
+    backoff = Backoff(retry_seconds)
+    while True:
+        try:
+            with open_shard(url, timeout_s=timeout_s) as stream:
+                return stream.read()
+        except (OSError, http.client.HTTPException) as err:
+            retrying = is_http(url) and is_transient(err)
+            delay = backoff.failed() if retrying else None
+            if delay is None:
+                raise UpstreamError(give_up_message(url, err, backoff, retried=retrying)) from err
+            log.warning("reading %s failed (%s); retrying in %.2f s", url, err, delay)
+            time.sleep(delay)
+
+
+def give_up_message(where: str, err: BaseException, backoff: Backoff, *, retried: bool) -> str:
+    """Why reading ``where`` failed for good: how long it was retried, the error, the fix."""
+    how_long = (
+        f" after retrying for {backoff.elapsed():.1f} s ({backoff.attempts} attempts; "
+        f"retry_seconds={backoff.retry_seconds:g} sets how long)"
+        if retried
+        else ""
+    )
+    return (
+        f"cannot read {where}{how_long}: {type(err).__name__}: {err}; check that the upstream "
+        "is up and serves the folder dataecho prepare wrote"
     )
 
 

@@ -37,6 +37,7 @@ from dataecho.app.sources.retrying import (
     Backoff,
     BadRecordError,
     ShardReadError,
+    give_up_message,
     is_http,
     is_transient,
     open_shard,
@@ -157,19 +158,11 @@ class ShardReader:
         """An upstream error: retry while the backoff allows, else a clear error."""
         self.close()
         where = f"{url} at record {self.offset} of {count}"
-        delay = self._backoff.failed() if is_http(url) and is_transient(err) else None
+        retrying = is_http(url) and is_transient(err)
+        delay = self._backoff.failed() if retrying else None
         if delay is None:
-            retried = (
-                f" after retrying for {self._backoff.elapsed():.1f} s "
-                f"({self._backoff.attempts} attempts; retry_seconds={self._backoff.retry_seconds:g}"
-                " sets how long)"
-                if is_http(url) and is_transient(err)
-                else ""
-            )
-            raise ShardReadError(
-                f"cannot read {where}{retried}: {type(err).__name__}: {err}; check that the "
-                "upstream is up and serves the folder dataecho prepare wrote"
-            ) from err
+            message = give_up_message(where, err, self._backoff, retried=retrying)
+            raise ShardReadError(message) from err
         log.warning("reading %s failed (%s); retrying in %.2f s", where, err, delay)
         time.sleep(delay)
 

@@ -25,7 +25,6 @@ import hashlib
 import io
 import json
 import os
-import urllib.request
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -40,6 +39,7 @@ from torch.utils.data import IterableDataset
 
 from dataecho import _validate
 from dataecho.app.sources import emulated  # registers the emulated: URL scheme with webdataset
+from dataecho.app.sources.retrying import read_retrying
 from dataecho.app.sources.shard_reader import POLICIES, STATE_KEYS, ShardReader
 
 FORMAT = "dataecho-webdataset-shards"
@@ -99,12 +99,21 @@ def write_text_shards(
     return _write("tokens", samples, len(chunks), digest, out_dir, examples_per_shard, prefix)
 
 
-def load_manifest(base: str | Path) -> dict[str, Any]:
-    """The manifest under ``base``: a folder, an ``http(s)://`` URL or an ``emulated:`` URL."""
+def load_manifest(
+    base: str | Path, *, retry_seconds: float = 60.0, timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """The manifest under ``base``: a folder, an ``http(s)://`` URL or an ``emulated:`` URL.
+
+    Over HTTP it is read as a shard is (:func:`~dataecho.app.sources.retrying.read_retrying`):
+    a server down or stalled is retried for ``retry_seconds``, ``timeout_s`` without a byte
+    counts as stalled, and a lasting fault raises ``UpstreamError`` naming the URL and the fix.
+    """
     base = str(base)
     if base.startswith(("http://", "https://")):
-        with _no_proxy.open(base.rstrip("/") + "/" + MANIFEST, timeout=30) as r:
-            manifest = json.load(r)
+        url = urlsplit(base)
+        url = url._replace(path=url.path.rstrip("/") + "/" + MANIFEST).geturl()
+        body = read_retrying(url, retry_seconds=retry_seconds, timeout_s=timeout_s)
+        manifest = json.loads(body)
     else:
         if base.startswith(emulated.SCHEME + ":"):  # metadata is read without emulated delays
             base = unquote(urlsplit(base).path)
@@ -153,7 +162,8 @@ class ShardDataset(IterableDataset):
         on_bad_record: "raise" (default) or "skip" (counted in :attr:`skipped` and
             :attr:`skipped_total`, logged).
         retry_seconds: how long HTTP faults (server down, stalled, connection dropped) are
-            retried, with backoff, before an error naming the shard and record.
+            retried, with backoff, before an error naming the shard and record; the
+            manifest read (when ``manifest`` is not given) is retried the same way.
         timeout_s: seconds without a byte from an HTTP server before it counts as stalled.
     """
 
@@ -168,15 +178,19 @@ class ShardDataset(IterableDataset):
         retry_seconds: float = 60.0,
         timeout_s: float = 30.0,
     ) -> None:
-        self.manifest = load_manifest(base) if manifest is None else manifest
+        self.retry_seconds = _seconds(retry_seconds, "retry_seconds", zero_ok=True)
+        self.timeout_s = _seconds(timeout_s, "timeout_s", zero_ok=False)
+        if manifest is None:
+            manifest = load_manifest(
+                base, retry_seconds=self.retry_seconds, timeout_s=self.timeout_s
+            )
+        self.manifest = manifest
         self.kind = _validate.one_of(self.manifest["kind"], tuple(SAMPLES), name="manifest kind")
         self.urls = shard_urls(base, self.manifest)
         self.counts = [int(s["count"]) for s in self.manifest["shards"]]
         self.shuffle_shards = bool(shuffle_shards)
         self.seed = _validate.non_negative_int(seed, name="seed")
         self.on_bad_record = _validate.one_of(on_bad_record, POLICIES, name="on_bad_record")
-        self.retry_seconds = _seconds(retry_seconds, "retry_seconds", zero_ok=True)
-        self.timeout_s = _seconds(timeout_s, "timeout_s", zero_ok=False)
         self.epoch = 0
         self._reader: ShardReader | None = None  # the latest pass in this process
         self._resume: dict[str, Any] | None = None  # loaded, for the next iter()
@@ -477,7 +491,3 @@ def _listed_shards(out: Path) -> set[str]:
         return {s["name"] for s in json.loads((out / MANIFEST).read_text())["shards"]}
     except (OSError, ValueError, KeyError, TypeError):
         return set()
-
-
-# Loopback reads must not go to an http_proxy from the environment.
-_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
