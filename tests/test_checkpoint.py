@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import os
 import random
 import resource
@@ -21,12 +23,16 @@ from dataecho.app.checkpoint import (
     FORMAT,
     MIN_FREE_BYTES,
     CheckpointError,
+    DamagedCheckpointError,
     check_checkpoint_dir,
     check_same,
+    frame,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    resume_from,
     save_checkpoint,
+    verified_payload,
 )
 
 
@@ -42,7 +48,8 @@ def state(step: int) -> dict:
 def test_round_trip_is_exact_and_loads_with_weights_only(tmp_path):
     path = save_checkpoint(tmp_path, state(7), step=7)
     assert path == tmp_path / "step-00000007.pt"
-    raw = torch.load(path, weights_only=True)  # the safe loader, straight from torch
+    # The payload behind the checksum header loads with the safe loader, straight from torch.
+    raw = torch.load(io.BytesIO(verified_payload(path)), weights_only=True)
     assert raw["format"] == FORMAT and raw["version"] == 1
     got = load_checkpoint(path)
     assert torch.equal(got["model"]["w"], torch.full((3, 4), 7.0))
@@ -108,23 +115,121 @@ def test_refuses_what_weights_only_could_not_load_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def saved_payload(path: Path, value) -> None:
+    """``value`` written as a checkpoint file would be, bypassing save_checkpoint's checks."""
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    path.write_bytes(frame(buf.getvalue()))
+
+
 def test_load_errors_name_the_file_and_the_fix(tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint not found: .*missing.pt"):
         load_checkpoint(tmp_path / "missing.pt")
     garbage = tmp_path / "step-00000001.pt"
-    garbage.write_bytes(b"not a torch file")
-    with pytest.raises(CheckpointError, match="cannot be read as a checkpoint.*delete it"):
+    garbage.write_bytes(b"not a torch file, and long enough to hold a checksum header" * 3)
+    with pytest.raises(DamagedCheckpointError, match="no valid checksum header .*delete it"):
         load_checkpoint(garbage)
+    unpicklable = tmp_path / "bytes.pt"
+    unpicklable.write_bytes(frame(b"checksummed, but not torch.save's"))
+    with pytest.raises(CheckpointError, match="cannot be read as a checkpoint"):
+        load_checkpoint(unpicklable)
     other = tmp_path / "other.pt"
-    torch.save({"weights": torch.zeros(2)}, other)
+    saved_payload(other, {"weights": torch.zeros(2)})
     with pytest.raises(CheckpointError, match="not a dataecho training checkpoint"):
         load_checkpoint(other)
     future = tmp_path / "future.pt"
-    torch.save({"format": FORMAT, "version": 99}, future)
+    saved_payload(future, {"format": FORMAT, "version": 99})
     with pytest.raises(
         CheckpointError, match="checkpoint version 99, this dataecho reads version 1"
     ):
         load_checkpoint(future)
+
+
+# --- damaged files: refused before anything is unpickled --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> bytes:
+    """The bytes of one checkpoint file (a model, an optimizer's momentum, RNG states)."""
+    model = torch.nn.Linear(16, 8).state_dict()
+    # An SGD state dict's shape, written out (torch.optim's first import alone takes seconds).
+    momentum = {"state": {i: {"momentum_buffer": torch.randn_like(t)}
+                          for i, t in enumerate(model.values())},
+                "param_groups": [{"lr": 0.1, "momentum": 0.9, "params": [0, 1]}]}  # fmt: skip
+    folder = tmp_path_factory.mktemp("written")
+    path = save_checkpoint(folder, {**state(60), "model": model, "optimizer": momentum}, step=60)
+    return path.read_bytes()
+
+
+def refused(path: Path, damaged: bytes) -> str:
+    path.write_bytes(damaged)
+    with pytest.raises(DamagedCheckpointError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: damaged checkpoint, ") and "delete it" in message
+    return caught.value.reason
+
+
+FRACTIONS = [0.0, 0.001, 0.05, 0.25, 0.5, 0.75, 0.95, 0.999, 1.0]  # of the file, first to last
+
+
+@pytest.mark.parametrize("where", FRACTIONS)
+def test_64_random_bytes_anywhere_are_refused(written, tmp_path, where):
+    rng = random.Random(where)
+    at = int(where * (len(written) - 64))
+    noise = bytes(rng.randrange(256) for _ in range(64))
+    if noise == written[at : at + 64]:  # cannot happen in practice; keep the test honest
+        noise = bytes(b ^ 0xFF for b in noise)
+    reason = refused(tmp_path / "step-00000060.pt", written[:at] + noise + written[at + 64 :])
+    assert "checksum" in reason or "header" in reason
+
+
+@pytest.mark.parametrize("where", [*FRACTIONS, 40, 100])  # 40, 100: in the header's digits
+def test_one_flipped_bit_is_refused(written, tmp_path, where):
+    at = where if isinstance(where, int) else int(where * (len(written) - 1))
+    flipped = bytearray(written)
+    flipped[at] ^= 1 << (at % 8)
+    reason = refused(tmp_path / "step-00000060.pt", bytes(flipped))
+    header = written.index(b"\n") + 1
+    if at >= header:  # past the header: the payload's checksum names both
+        expected = written[27:91].decode()  # after "dataecho-checkpoint sha256 "
+        found = hashlib.sha256(bytes(flipped[header:])).hexdigest()
+        assert reason == f"checksum sha256 {found}, expected {expected}"
+
+
+def test_a_truncated_or_extended_file_is_refused(written, tmp_path):
+    path = tmp_path / "step-00000060.pt"
+    size = len(written) - (written.index(b"\n") + 1)  # the payload's
+    assert refused(path, written[:-1]) == f"truncated: {size - 1:,} of {size:,} bytes"
+    assert refused(path, written[: len(written) // 2]).startswith("truncated: ")
+    assert refused(path, written[:50]).startswith("truncated: 50 bytes")
+    assert refused(path, b"").startswith("truncated: 0 bytes")
+    assert refused(path, written + b"\0") == "1 bytes past its end"
+
+
+def test_resume_takes_the_newest_intact_checkpoint_and_says_which_it_skipped(tmp_path):
+    for step in (10, 20, 30):
+        save_checkpoint(tmp_path, state(step), step=step, keep=3)
+    newest = tmp_path / "step-00000030.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    newest.write_bytes(bytes(data))
+    lines = []
+    path, got = resume_from(tmp_path, lines.append)
+    assert path == tmp_path / "step-00000020.pt" and got["run"]["steps"] == 20
+    assert len(lines) == 1 and lines[0].startswith(
+        "skipped damaged checkpoint step-00000030.pt (checksum sha256 "
+    )
+    assert lines[0].endswith("; resuming from step-00000020.pt")
+    (tmp_path / "step-00000020.pt").write_bytes(b"")
+    (tmp_path / "step-00000010.pt").unlink()
+    with pytest.raises(CheckpointError) as caught:
+        resume_from(tmp_path, lines.append)
+    assert str(caught.value).startswith(
+        f"no intact checkpoint in {tmp_path} (step-00000030.pt: checksum sha256 "
+    )
+    assert "step-00000020.pt: truncated: 0 bytes" in str(caught.value)
+    assert resume_from(tmp_path / "none", lines.append) is None
 
 
 def test_check_same_lists_every_difference():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from dataecho.app import demo
-from dataecho.app.checkpoint import latest_checkpoint
+from dataecho.app.checkpoint import latest_checkpoint, load_checkpoint
 from dataecho.app.cli import COMMANDS, build_parser, main
 from dataecho.app.config import flag, options
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
@@ -218,6 +219,36 @@ def test_a_checkpoint_folder_that_cannot_be_written_fails_before_training(
     )
 
 
+@needs_data
+@pytest.mark.timeout(60)
+def test_resume_skips_a_damaged_checkpoint_for_the_one_before(small_dir, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    run = ["train", "--data-dir", str(small_dir), "--checkpoint-dir", str(ck),
+           "--checkpoint-every", "3", "--budget", "1024", "--target-accuracy", "off",
+           "--num-workers", "0", *TINY]  # fmt: skip
+    assert main([*run, "--max-steps", "6"]) == 0
+    before = load_checkpoint(ck / "step-00000003.pt")
+    newest = ck / "step-00000006.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = random.Random(6).randbytes(64)
+    newest.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main([*run, "--max-steps", "8", "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"skipped damaged checkpoint step-00000006\.pt \(checksum sha256 [0-9a-f]{64}, "
+                     r"expected [0-9a-f]{64}\); resuming from step-00000003\.pt", out + err)  # fmt: skip
+    assert f"resumed from {ck}/step-00000003.pt: step 3" in out + err
+    final = load_checkpoint(ck / "step-00000008.pt")  # continued the step-3 run: its losses
+    assert final["run"]["steps"] == 8 and final["losses"][:3].tolist() == before["losses"].tolist()
+    for path in ck.glob("step-*.pt"):  # none intact: one line, exit 2
+        path.write_bytes(path.read_bytes()[:-10])
+    assert main([*run, "--max-steps", "10", "--resume"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"dataecho train: error: no intact checkpoint in {ck} (step-00000008.pt: "
+                          "truncated: ")  # fmt: skip
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_missing_data_gives_the_install_hint_and_no_traceback(tmp_path, capsys):
     missing = tmp_path / "no-such-dir"
     assert main(["train", "--data-dir", str(missing)]) == 2
@@ -243,7 +274,7 @@ def test_resume_in_a_new_process_continues_the_uninterrupted_run(small_dir, shar
                    "--target-accuracy", "off", *TINY)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"resumed from {ck}/step-00000009.pt: step 9" in proc.stdout
-    final = torch.load(latest_checkpoint(ck), weights_only=True)
+    final = load_checkpoint(latest_checkpoint(ck))
     assert final["run"]["steps"] == 24 and final["losses"].tolist() == whole.losses
 
 

@@ -3,6 +3,7 @@ checkpoints, and a resume of them with another number of ranks (1, in this proce
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
 
@@ -36,7 +37,23 @@ def two_rank_run(tmp_path_factory):
     finally:
         capture.undo()
     after = [signal.getsignal(s) for s in signals]
+    shutil.copytree(folder, as_written(folder))  # the later tests' resumes add checkpoints
     return status, "\n".join(lines), folder, (before, after)
+
+
+def as_written(folder):
+    """A copy of the launched run's checkpoint folder as that run left it."""
+    return folder.with_name(folder.name + "-as-written")
+
+
+def world_of_one(monkeypatch) -> None:
+    """torchrun's environment for a world of one: this process is rank 0 of 1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
 
 
 @pytest.mark.timeout(240)
@@ -64,13 +81,7 @@ def test_rank_0_writes_checkpoints_with_every_ranks_loader(two_rank_run):
 @pytest.mark.timeout(240)
 def test_resume_with_another_number_of_ranks_continues_the_count(two_rank_run, monkeypatch):
     _, _, folder, _ = two_rank_run
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # torchrun's environment for a world of one: this process is rank 0 of 1.
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
-        monkeypatch.setenv(key, value)
+    world_of_one(monkeypatch)
     cfg = config_from(None, {"sync": "local-echo", "echo_factor": "2", "where": "batch",
                              "budget": "1536", "checkpoint_dir": str(folder), "resume": "true",
                              "train_examples": "1024", "batch_size": "64", "num_workers": "0",
@@ -81,6 +92,24 @@ def test_resume_with_another_number_of_ranks_continues_the_count(two_rank_run, m
     assert r.fresh_examples == 1536  # 1,024 before, 512 more on the one rank now
     assert r.ranks[0]["fresh_examples"] == 512 and r.ranks[0]["allreduce_calls"] == 8
     assert r.test_accuracy is not None and r.history[-1]["fresh"] == 1536
+
+
+@pytest.mark.timeout(240)
+def test_a_data_parallel_resume_skips_a_damaged_checkpoint(two_rank_run, monkeypatch, tmp_path):
+    # The ranks' resume path (every rank picks the same file, rank 0 reports), in this process.
+    folder = shutil.copytree(as_written(two_rank_run[2]), tmp_path / "ck")
+    (_, previous), (_, newest) = list_checkpoints(folder)
+    newest.write_bytes(newest.read_bytes()[:-64])
+    world_of_one(monkeypatch)
+    cfg = config_from(None, {"sync": "local-echo", "echo_factor": "2", "where": "batch",
+                             "budget": "1152", "checkpoint_dir": str(folder), "resume": "true",
+                             "train_examples": "1024", "batch_size": "64", "num_workers": "0",
+                             "eval_examples": "200", "eval_every": "512", "seed": "3"})  # fmt: skip
+    lines: list[str] = []
+    train(cfg, log=lines.append)
+    assert any(f"skipped damaged checkpoint {newest.name} (truncated: " in line
+               and line.endswith(f"; resuming from {previous.name}") for line in lines), lines  # fmt: skip
+    assert any(f"resumed from {previous} (2 ranks then, 1 now)" in line for line in lines), lines
 
 
 @pytest.mark.timeout(240)

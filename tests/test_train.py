@@ -202,7 +202,7 @@ def test_checkpoints_hold_the_whole_run_and_rotate(tiny, tmp_path):
     assert r.checkpoint_seconds > 0  # three writes, counted in the wall time
     assert r.wall_seconds >= r.step_seconds + r.eval_seconds + r.checkpoint_seconds
     assert [s for s, _ in list_checkpoints(tmp_path)] == [10, 12]  # every 5, and at the end
-    state = torch.load(latest_checkpoint(tmp_path), weights_only=True)
+    state = load_checkpoint(latest_checkpoint(tmp_path))
     assert set(state) >= {"config", "data", "model", "optimizer", "loader", "run", "history",
                           "losses", "rng"}  # fmt: skip
     assert state["run"]["steps"] == 12 and len(state["losses"]) == 12

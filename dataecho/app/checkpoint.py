@@ -15,20 +15,29 @@ temp file and leaves the earlier checkpoints as they were.
 Before a run spends its time, :func:`check_checkpoint_dir` makes sure its folder can be created
 and written to and has room for the checkpoints to come.
 
+Checksummed: a file is one header line, ``dataecho-checkpoint sha256 <64 hex> bytes <size>``,
+then the payload that ``torch.save`` wrote; both go into the same temp file and the same rename.
+:func:`load_checkpoint` reads the file, checks the payload's size and SHA-256 against the header
+and only then hands the payload to ``torch.load``: a damaged or truncated file raises
+:class:`DamagedCheckpointError` naming the file and what was found, and :func:`resume_from`
+skips it for the newest intact one.
+
 Safe to load: a state may hold only tensors and plain containers and scalars (dict, list,
 tuple, str, int, float, bool, None), which :func:`save_checkpoint` checks *before* writing, so
-every checkpoint loads with ``weights_only=True`` (no pickled code runs on load).
+every payload loads with ``weights_only=True`` (no pickled code runs on load).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import io
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,10 @@ FORMAT = "dataecho-train-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"step-(\d+)\.pt")
 _TMP_PREFIX = ".tmp-"
+# The header: this prefix, the payload's SHA-256 (64 hex digits), " bytes ", its size (16 digits).
+_MAGIC = b"dataecho-checkpoint sha256 "
+_HEADER = re.compile(rb"dataecho-checkpoint sha256 ([0-9a-f]{64}) bytes (\d{16})\n")
+_HEADER_SIZE = len(_MAGIC) + 64 + len(b" bytes ") + 16 + 1
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.dtype, torch.Size)
 # The least free space a checkpoint folder must have, whatever the estimate: below it the disk
 # is as good as full (logs and temp files of the run need room too).
@@ -49,6 +62,20 @@ MIN_FREE_BYTES = 16 << 20
 
 class CheckpointError(DataechoError, ValueError):
     """A checkpoint that cannot be used here; the message says which file and why."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint whose bytes are not those written: truncated, or its checksum differs.
+
+    ``path`` is the file, ``reason`` what was found (without the file's name or the fix).
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"{path}: damaged checkpoint, {reason}; it cannot be trusted: delete it, and resume "
+            "(--resume) continues from the newest intact one before it"
+        )
 
 
 def save_checkpoint(
@@ -68,8 +95,10 @@ def save_checkpoint(
         directory.mkdir(parents=True, exist_ok=True)
         for stale in directory.glob(_TMP_PREFIX + "*"):  # a killed writer's leftovers
             stale.unlink(missing_ok=True)
+        payload = io.BytesIO()
+        torch.save({"format": FORMAT, "version": VERSION, **state}, payload)
         with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+            f.write(frame(payload.getvalue()))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -193,19 +222,56 @@ def checkpoint_to_resume(directory: str | Path, resume: bool) -> Path | None:
     return path if resume else None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The state saved at ``path``, loaded with ``weights_only=True`` onto the CPU."""
+def frame(payload: bytes) -> bytes:
+    """``payload`` behind its checksum header: the bytes of a checkpoint file."""
+    digest = hashlib.sha256(payload).hexdigest()
+    return _MAGIC + f"{digest} bytes {len(payload):016d}\n".encode() + payload
+
+
+def verified_payload(path: str | Path) -> bytes:
+    """The payload of the checkpoint file at ``path``, once its size and SHA-256 match its
+    header; raises :class:`DamagedCheckpointError` (:class:`CheckpointError` for a file that
+    is missing or cannot be read) before anything is unpickled."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint not found: {path}") from None
-    except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read: {reason(err)}") from None
+    if len(data) < _HEADER_SIZE:
+        raise DamagedCheckpointError(path, f"truncated: {len(data):,} bytes, shorter than "
+                                     "its checksum header")  # fmt: skip
+    header = _HEADER.fullmatch(data[:_HEADER_SIZE])
+    if header is None:
+        raise DamagedCheckpointError(
+            path, "no valid checksum header (damaged, or not written by this dataecho)"
+        )
+    expected, size = header.group(1).decode(), int(header.group(2))
+    payload = data[_HEADER_SIZE:]
+    if len(payload) < size:
+        raise DamagedCheckpointError(path, f"truncated: {len(payload):,} of {size:,} bytes")
+    if len(payload) > size:
+        raise DamagedCheckpointError(path, f"{len(payload) - size:,} bytes past its end")
+    found = hashlib.sha256(payload).hexdigest()
+    if found != expected:
+        raise DamagedCheckpointError(path, f"checksum sha256 {found}, expected {expected}")
+    return payload
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The state saved at ``path``, verified (:func:`verified_payload`), then loaded with
+    ``weights_only=True`` onto the CPU."""
+    path = Path(path)
+    payload = verified_payload(path)
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds for bytes that are not a checkpoint
         # Only the first line: torch's advice to retry with weights_only=False is not for us.
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         raise CheckpointError(
             f"{path}: cannot be read as a checkpoint ({type(err).__name__}: {first}); it is "
-            "damaged or not a checkpoint: delete it to resume from the one before"
+            "not a checkpoint of this dataecho: move it out of the checkpoint folder"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dataecho training checkpoint")
@@ -215,6 +281,36 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"version {VERSION}; resume with the dataecho that wrote it, or start afresh"
         )
     return state
+
+
+def resume_from(
+    directory: str | Path, log: Callable[[str], Any]
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest intact checkpoint in ``directory`` and its state (None: there is none yet).
+
+    A damaged one (:class:`DamagedCheckpointError`) is skipped, and ``log`` gets one line
+    naming it, why, and the one used instead. If every one is damaged, raises
+    :class:`CheckpointError` listing them.
+    """
+    found = list_checkpoints(directory)
+    if not found:
+        return None
+    skipped: list[DamagedCheckpointError] = []
+    for _, path in reversed(found):
+        try:
+            state = load_checkpoint(path)
+        except DamagedCheckpointError as err:
+            skipped.append(err)
+            continue
+        for err in skipped:
+            log(f"skipped damaged checkpoint {err.path.name} ({err.reason}); "
+                f"resuming from {path.name}")  # fmt: skip
+        return path, state
+    listed = "; ".join(f"{err.path.name}: {err.reason}" for err in skipped)
+    raise CheckpointError(
+        f"no intact checkpoint in {directory} ({listed}); move them away and start afresh "
+        "without --resume, or restore the folder from a copy"
+    )
 
 
 def check_same(

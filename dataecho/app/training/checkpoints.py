@@ -19,7 +19,8 @@ Before a run starts, its folder is checked (by rank 0 in a data-parallel run): i
 created, written to, and has room for the checkpoints to come (:func:`check_folder`), so a bad
 folder fails at once, not after the training time is spent. Writes are atomic
 (:mod:`dataecho.app.checkpoint`): a failed one raises, naming the file and why, and leaves the
-earlier checkpoints loadable.
+earlier checkpoints loadable. Each file carries its checksum: a resume skips a damaged one for
+the newest intact one and says so.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataecho.app.checkpoint import (
     check_same,
     checkpoint_to_resume,
     list_checkpoints,
-    load_checkpoint,
+    resume_from,
     save_checkpoint,
 )
 from dataecho.app.config import TrainConfig
@@ -130,13 +131,16 @@ def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: An
     rank, data = parts.rank, parts.data
     if rank is None or rank.rank == 0:  # the writer; the launcher stops the other ranks if it fails
         check_folder(cfg, parts.model, loaders=1 if rank is None else rank.world_size)
-    path = checkpoint_to_resume(cfg.checkpoint_dir, cfg.resume)
+    checkpoint_to_resume(cfg.checkpoint_dir, cfg.resume)  # a new run refuses an old folder
     if not cfg.resume:
         return run, [], []
-    if path is None:
+    # Every rank picks the same file; rank 0 says which damaged ones it skipped.
+    found = resume_from(cfg.checkpoint_dir, (lambda line: log(f"[{cfg.name}] {line}"))
+                        if rank is None or rank.rank == 0 else (lambda line: None))  # fmt: skip
+    if found is None:
         log(f"[{cfg.name}] no checkpoint in {cfg.checkpoint_dir} yet: starting from the beginning")
         return run, [], []
-    ckpt = load_checkpoint(path)
+    path, ckpt = found
     _check_kind(ckpt, path, data_parallel=rank is not None)
     check_same(ckpt["config"], cfg.to_dict(), RESUME_MUST_MATCH, path)
     if ckpt["data"] != data.identity:
