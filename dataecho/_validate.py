@@ -18,10 +18,32 @@ from __future__ import annotations
 import argparse
 import math
 import numbers
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# Ceilings of counts. Past them a loader or a run would start that many processes or hold that
+# many items, and grow its memory for minutes before failing (or hang), so each is refused up
+# front with its reason. The machine fact behind two of them:
+CPU_COUNT = os.cpu_count() or 1
+# A worker is a process that reads, decodes and echoes on a core: past 8 per core they only add
+# memory and start-up time (8, not 1, since a worker waiting on slow storage leaves its core to
+# others); never below 32, so a setting that suits I/O-bound reading runs on a small machine.
+MAX_WORKERS = max(32, 8 * CPU_COUNT)
+WORKERS_WHY = (
+    f"each worker is a process: at most 8 per CPU core and at least 32, and this machine has "
+    f"{CPU_COUNT} CPU cores, os.cpu_count(); use about one worker per core, e.g. "
+    f"num_workers={min(CPU_COUNT, 8)}"
+)
+# A buffer (shuffle, reuse, read-ahead) holds its items in memory: 2**24 is 13 times ImageNet's
+# training set, more than any buffer that mixes or reuses data needs.
+MAX_BUFFER = 2**24
+BUFFER_WHY = "a buffer holds its items in memory; a few batches' worth, e.g. 10000, is plenty"
+# A batch is collated in memory at once; the largest batches trained (LARS, LAMB) are 64k.
+MAX_BATCH = 2**20
+BATCH_WHY = "a batch is collated in memory at once; the largest batches trained are ~65536"
 
 
 def echo_factor(value: object, *, name: str = "factor", auto_ok: bool = False) -> float:
@@ -46,16 +68,22 @@ def echo_factor(value: object, *, name: str = "factor", auto_ok: bool = False) -
     return value
 
 
-def non_negative_int(value: object, *, name: str, hint: str = "") -> int:
-    """Return ``value`` as an int >= 0, or raise a clear error."""
+def non_negative_int(
+    value: object, *, name: str, hint: str = "", high: int | None = None, why: str = ""
+) -> int:
+    """Return ``value`` as an int >= 0 (and <= ``high``, ``why`` saying the reason), or raise
+    a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        Int(0, hint=hint).check(name, value)  # raises the type error
-    return Int(0, hint=hint or "use 0 to disable").check(name, value)
+        Int(0, high=high, hint=hint).check(name, value)  # raises the type error
+    return Int(0, high=high, why=why, hint=hint or "use 0 to disable").check(name, value)
 
 
-def positive_int(value: object, *, name: str, hint: str = "") -> int:
-    """Return ``value`` as an int >= 1, or raise a clear error."""
-    return Int(1, hint=hint).check(name, non_negative_int(value, name=name, hint=hint))
+def positive_int(
+    value: object, *, name: str, hint: str = "", high: int | None = None, why: str = ""
+) -> int:
+    """Return ``value`` as an int >= 1 (and <= ``high``, ``why`` saying the reason), or raise
+    a clear error."""
+    return Int(1, high=high, why=why, hint=hint).check(name, value)
 
 
 def one_of(value: object, choices: tuple[str, ...], *, name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -16,10 +17,11 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
+from dataecho._validate import MAX_WORKERS
 from dataecho.app import demo
 from dataecho.app.checkpoint import latest_checkpoint, load_checkpoint
 from dataecho.app.cli import COMMANDS, build_parser, main
-from dataecho.app.config import flag, options
+from dataecho.app.config import MAX_NPROC, flag, options
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
 from dataecho.app.sources.nginx import NginxServer, find_nginx, group_pids
 from dataecho.app.train import TrainConfig, train
@@ -199,6 +201,27 @@ def test_values_past_their_limit_are_one_error_line_before_anything_runs(args, m
     assert main(["train", *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == f"dataecho train: error: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "ceiling"),
+    [(["--num-workers", "18446744073709551616"], "num_workers", MAX_WORKERS),
+     (["--nproc", "18446744073709551616"], "nproc", MAX_NPROC),
+     (["--keep-checkpoints", "18446744073709551616"], "keep_checkpoints", 1000)],
+)  # fmt: skip
+def test_a_count_past_its_ceiling_exits_2_before_any_process_starts(args, name, ceiling, capsys):
+    # These once spawned workers or ranks without end (memory growing, SIGTERM ignored), or
+    # estimated an absurd checkpoint size.
+    start = time.perf_counter()
+    assert main(["train", *args]) == 2
+    assert time.perf_counter() - start < 1.0
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(
+        f"dataecho train: error: {args[0]}: {name} must be an integer in "
+        f"{0 if name == 'num_workers' else 1}..{ceiling}, got 18446744073709551616 ("
+    )
+    assert multiprocessing.active_children() == []
 
 
 @needs_data

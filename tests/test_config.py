@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataecho._validate import CPU_COUNT, MAX_BATCH, MAX_BUFFER, MAX_WORKERS
 from dataecho.app.config import (
     CLI_TARGETS,
     LOADER_KEYS,
+    MAX_AUGMENT_PAD,
+    MAX_KEEP_CHECKPOINTS,
+    MAX_NPROC,
     MAX_SEED,
+    MAX_SEQ_LEN,
     WORKLOAD_DEFAULTS,
     ConfigError,
     TrainConfig,
@@ -386,3 +392,59 @@ def test_the_loaders_device_comes_from_the_runs():
     # Its derived default (the CPU, for where="device") is no setting of the user's.
     cfg = TrainConfig(loader=LoaderOptions(batch_size=8, where="device"), device="cpu")
     assert cfg.where == "device" and cfg.device == "cpu"
+
+
+# Every count of a run with its ceiling: above it a run would start that many processes or
+# hold that many items (and hang, its memory growing) instead of failing.
+COUNT_CEILINGS = {
+    "num_workers": MAX_WORKERS,
+    "nproc": MAX_NPROC,
+    "keep_checkpoints": MAX_KEEP_CHECKPOINTS,
+    "shuffle_buffer": MAX_BUFFER,
+    "reuse_buffer": MAX_BUFFER,
+    "read_ahead": MAX_BUFFER,
+    "batch_size": MAX_BATCH,
+    "seq_len": MAX_SEQ_LEN,
+    "augment_pad": MAX_AUGMENT_PAD,
+}
+
+
+@pytest.mark.parametrize("name", COUNT_CEILINGS)
+@pytest.mark.parametrize("above", ["2**64", "ceiling+1"])
+def test_every_count_past_its_ceiling_is_refused_at_once_with_the_range(name, above):
+    ceiling = COUNT_CEILINGS[name]
+    value = 2**64 if above == "2**64" else ceiling + 1
+    low = 0 if name in ("num_workers", "shuffle_buffer", "read_ahead", "augment_pad") else 1
+    start = time.perf_counter()
+    for text in (str(value), f"{value:_}"):  # a flag's text, with or without separators
+        with pytest.raises(ConfigError) as info:
+            config_from(None, {name: text})
+        message = str(info.value)
+        assert message.startswith(f"{flag(name)}: {name} must be an integer in {low}..{ceiling}")
+        assert f"got {value} (" in message and message.count(")") >= 1, message
+    with pytest.raises(ValueError, match=rf"{name} must be an integer in {low}\.\.{ceiling}"):
+        TrainConfig(**{name: value})
+    assert time.perf_counter() - start < 1.0  # checked up front: nothing started or allocated
+
+
+def test_machine_bound_ceilings_name_the_cpu_count():
+    for name in ("num_workers", "nproc"):
+        with pytest.raises(ValueError) as info:
+            TrainConfig(**{name: 2**64})
+        assert f"this machine has {CPU_COUNT} CPU cores, os.cpu_count()" in str(info.value)
+    assert MAX_WORKERS == max(32, 8 * CPU_COUNT) and MAX_NPROC == 2 * CPU_COUNT
+
+
+def test_each_count_ceiling_itself_is_accepted():
+    for name, ceiling in COUNT_CEILINGS.items():
+        cfg = TrainConfig(**{name: ceiling})
+        assert getattr(cfg, name) == ceiling, name
+    cfg = config_from(None, {"num_workers": str(MAX_WORKERS), "keep_checkpoints": "1_000"})
+    assert cfg.num_workers == MAX_WORKERS and cfg.keep_checkpoints == MAX_KEEP_CHECKPOINTS
+
+
+def test_a_toml_count_past_its_ceiling_names_the_file_and_key(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(f"keep-checkpoints = {2**63 - 1}\n")
+    with pytest.raises(ConfigError, match=r"keep_checkpoints must be an integer in 1\.\.1000"):
+        config_from(path, {})

@@ -738,7 +738,7 @@ def test_validate_helpers_not_yet_used_by_a_stage() -> None:
     assert _validate.positive_int(3, name="n") == 3
     with pytest.raises(ValueError, match=r"n must be >= 1, got 0; try 4"):
         _validate.positive_int(0, name="n", hint="try 4")
-    with pytest.raises(TypeError, match=r"n must be an integer >= 0, got 2.0 of type float"):
+    with pytest.raises(TypeError, match=r"n must be an integer >= 1, got 2.0 of type float"):
         _validate.positive_int(2.0, name="n")
     assert _validate.one_of("a", ("a", "b"), name="mode") == "a"
     with pytest.raises(ValueError, match=r"mode must be one of 'a', 'b', got 'c'"):

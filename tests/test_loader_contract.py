@@ -25,8 +25,10 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from dataecho import EchoingDataLoader
-from dataecho.loader.options import MAX_PREFETCH
+from dataecho import EchoingDataLoader, adaptive_echo, stochastic_echo
+from dataecho._validate import CPU_COUNT, MAX_BATCH, MAX_BUFFER, MAX_WORKERS
+from dataecho.loader.options import MAX_PREFETCH, MAX_PREFETCH_FACTOR
+from dataecho.stages import MixExamples, Shuffle
 
 WHERES = ("before_augment", "after_augment", "batch", "device")
 
@@ -394,3 +396,47 @@ def test_a_loader_inside_a_reference_cycle_is_collected_without_the_workers_join
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name", "ceiling"),
+    [({"num_workers": 2**64}, "num_workers", MAX_WORKERS),
+     ({"num_workers": MAX_WORKERS + 1}, "num_workers", MAX_WORKERS),
+     ({"num_workers": 1, "prefetch_factor": 2**64}, "prefetch_factor", MAX_PREFETCH_FACTOR),
+     ({"shuffle_buffer": MAX_BUFFER + 1}, "shuffle_buffer", MAX_BUFFER),
+     ({"echo_factor": "auto", "reuse_buffer": 2**64}, "reuse_buffer", MAX_BUFFER),
+     ({"echo_factor": 2, "read_ahead": 2**64}, "read_ahead", MAX_BUFFER),
+     ({"batch_size": MAX_BATCH + 1}, "batch_size", MAX_BATCH)],
+)  # fmt: skip
+def test_a_count_past_its_ceiling_is_refused_before_a_worker_starts(kwargs, name, ceiling):
+    start = time.perf_counter()
+    with pytest.raises(
+        ValueError, match=rf"{name} must be an integer in [01]\.\.{ceiling}( or 'default')?, got"
+    ):
+        EchoingDataLoader(Numbers(10), **{"batch_size": 2, **kwargs})
+    assert time.perf_counter() - start < 1.0 and multiprocessing.active_children() == []
+
+
+def test_the_worker_ceiling_names_the_cpu_count_and_is_itself_accepted():
+    with pytest.raises(ValueError, match=rf"this machine has {CPU_COUNT} CPU cores"):
+        EchoingDataLoader(Numbers(10), batch_size=2, num_workers=2**64)
+    with pytest.warns(UserWarning, match="worker processes in total"):  # DataLoader's own
+        loader = EchoingDataLoader(Numbers(10), batch_size=2, num_workers=MAX_WORKERS,
+                                   prefetch_factor=MAX_PREFETCH_FACTOR)  # fmt: skip
+    assert loader.num_workers == MAX_WORKERS  # no worker starts before iteration
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda n: Shuffle(range(3), n),
+     lambda n: MixExamples(range(3), n),
+     lambda n: stochastic_echo(range(3), load_prob=0.5, buffer_size=n),
+     lambda n: adaptive_echo(range(3), max_factor=2, buffer_size=n),
+     lambda n: adaptive_echo(range(3), max_factor=2, queue_size=n)],
+)  # fmt: skip
+def test_a_stage_buffer_past_its_ceiling_is_refused(make):
+    with pytest.raises(
+        ValueError, match=rf"must be an integer in [01]\.\.{MAX_BUFFER}, got {2**64}"
+    ):
+        make(2**64)
+    make(MAX_BUFFER)  # the ceiling itself: a buffer fills as items come, nothing is allocated

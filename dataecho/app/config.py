@@ -23,7 +23,18 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataecho._validate import Bool, Check, Choice, Int, PathValue, Real, Text
+from dataecho._validate import (
+    CPU_COUNT,
+    MAX_WORKERS,
+    WORKERS_WHY,
+    Bool,
+    Check,
+    Choice,
+    Int,
+    PathValue,
+    Real,
+    Text,
+)
 from dataecho.app.config_checks import RUN_LOADER_CHECKS, TrainingDevice, UpstreamSpec
 from dataecho.errors import DataechoError
 from dataecho.loader import LoaderOptions
@@ -59,6 +70,16 @@ MAX_SEED = 2**64 - 1  # torch.manual_seed and torch.Generator take a 64-bit unsi
 MAX_READ_DELAY = 3600.0  # seconds per read: an hour, slower than any storage worth emulating
 MAX_TIMEOUT = 86_400.0  # seconds: a day without a byte or a collective is a hang
 MAX_THREADS = 1024
+# Each rank is a training process with its model, optimizer, a torch thread and its loader's
+# workers: past 2 per CPU core they only time-share the cores, and a count the machine cannot
+# start would leave the launcher spawning (and its memory growing) without end.
+MAX_NPROC = 2 * CPU_COUNT
+# Each kept checkpoint is a whole copy of the model, optimizer and loader state on disk.
+MAX_KEEP_CHECKPOINTS = 1000
+# char-lm attention holds seq_len**2 scores per head and example: 1 GiB at 16,384 characters.
+MAX_SEQ_LEN = 2**14
+# Fashion-MNIST images are 28 pixels wide: a larger shift moves the whole image out of the crop.
+MAX_AUGMENT_PAD = 28
 
 
 def _opt(default: Any, check: Check, group: str, help: str) -> Any:
@@ -97,9 +118,17 @@ class TrainConfig:
         None, Int(1, none="off"), "data",
         "in-memory upstream only: train on the first N examples (default: all)",
     )  # fmt: skip
-    seq_len: int = _opt(64, Int(1), "data", "char-lm: characters per example")
+    seq_len: int = _opt(
+        64,
+        Int(1, high=MAX_SEQ_LEN, why="attention holds seq_len**2 scores per head and example, "
+            "1 GiB at the limit; e.g. seq_len=64 to 512"),
+        "data", "char-lm: characters per example",
+    )  # fmt: skip
     augment_pad: int = _opt(
-        2, Int(0), "data",
+        2,
+        Int(0, high=MAX_AUGMENT_PAD, why="Fashion-MNIST images are 28 pixels wide: a larger "
+            "shift moves the whole image out of the crop; e.g. augment_pad=2"),
+        "data",
         "cnn: random shift of up to this many pixels (pad-and-crop) before the flip; echoed "
         "copies made before augmentation differ by it (0: flip only)",
     )  # fmt: skip
@@ -187,7 +216,7 @@ class TrainConfig:
         "parallel: 'cuda' is each rank's LOCAL_RANK GPU, over NCCL, and 'cpu' is over gloo)",
     )  # fmt: skip
     num_workers: int = _opt(
-        1, Int(0), "machine",
+        1, Int(0, high=MAX_WORKERS, why=WORKERS_WHY), "machine",
         "DataLoader worker processes that read, decode, echo and augment (0: in the training "
         "process)",
     )  # fmt: skip
@@ -206,7 +235,13 @@ class TrainConfig:
         "write checkpoints (model, optimizer, loader, counters, history) to this folder",
     )  # fmt: skip
     checkpoint_every: int = _opt(500, Int(1), "checkpoints", "steps between checkpoints")
-    keep_checkpoints: int = _opt(2, Int(1), "checkpoints", "how many recent checkpoints to keep")
+    keep_checkpoints: int = _opt(
+        2,
+        Int(1, high=MAX_KEEP_CHECKPOINTS, why="each kept checkpoint is a whole copy of the "
+            "model, optimizer and loader state; keep a few, e.g. keep_checkpoints=2, and raise "
+            "checkpoint_every for a longer history"),
+        "checkpoints", "how many recent checkpoints to keep",
+    )  # fmt: skip
     resume: bool = _opt(
         False, Bool(), "checkpoints",
         "continue from the latest checkpoint in the checkpoint folder (start afresh if it has "
@@ -224,7 +259,11 @@ class TrainConfig:
     )  # fmt: skip
     name: str = _opt("", Text(), "output", "label of the log lines (default: e=ECHO_FACTOR)")
     nproc: int = _opt(
-        1, Int(1), "distributed",
+        1,
+        Int(1, high=MAX_NPROC, why=f"each rank is a training process: at most 2 per CPU core, "
+            f"and this machine has {CPU_COUNT} CPU cores, os.cpu_count(); pass fewer ranks, "
+            "or for several machines run torchrun on each"),
+        "distributed",
         "data-parallel ranks to start on this machine with PyTorch's launcher (torchrun); 1 = one "
         "process. Several machines: run torchrun on each (README)",
     )  # fmt: skip

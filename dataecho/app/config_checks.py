@@ -13,6 +13,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dataecho._validate import (
+    BATCH_WHY,
+    MAX_BATCH,
     Bool,
     Check,
     Choice,
@@ -33,7 +35,8 @@ MAX_ECHO_FACTOR = 1024.0
 # The run's stricter checks of the loader's settings (dataecho.loader.LoaderOptions holds the
 # rest): a per-workload default for the batch size, and the limit above.
 RUN_LOADER_CHECKS: dict[str, Check] = {
-    "batch_size": Int(1, none="default"),
+    "batch_size": Int(1, none="default", high=MAX_BATCH, why=BATCH_WHY,
+                      hint="pass the number of examples per batch, e.g. 128"),
     "echo_factor": EchoFactor(
         high=MAX_ECHO_FACTOR,
         why="each fresh item is emitted that many times, so a larger factor only repeats the "

@@ -34,6 +34,7 @@ from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
 from dataecho.loader.length import epoch_batches, fresh_batches
 from dataecho.loader.lifetime import DieWithParent
 from dataecho.loader.options import (
+    MAX_PREFETCH_FACTOR,
     LoaderOptions,
     check_dataloader_arguments,
     check_options_alone,
@@ -164,8 +165,15 @@ class EchoingDataLoader:
                     batch_transform=batch_transform, copy=copy, read_ahead=read_ahead,
                     device=device, device_transform=device_transform)  # fmt: skip
         self.num_workers = _validate.non_negative_int(
-            num_workers, name="num_workers", hint="use 0 to read in the main process"
-        )
+            num_workers, name="num_workers", hint="use 0 to read in the main process",
+            high=_validate.MAX_WORKERS, why=_validate.WORKERS_WHY,
+        )  # fmt: skip
+        if prefetch_factor is not None:
+            prefetch_factor = _validate.positive_int(
+                prefetch_factor, name="prefetch_factor", high=MAX_PREFETCH_FACTOR,
+                why="batches each worker keeps in flight, all held in memory; DataLoader's "
+                "default is 2, or leave it None for the loader's own",
+            )  # fmt: skip
         if options is None:
             check_dataloader_arguments(
                 dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers,

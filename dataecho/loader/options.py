@@ -15,7 +15,19 @@ from typing import Any
 
 import torch
 
-from dataecho._validate import Bool, Check, Choice, EchoFactor, Int, OptionalCallable, Real
+from dataecho._validate import (
+    BATCH_WHY,
+    BUFFER_WHY,
+    MAX_BATCH,
+    MAX_BUFFER,
+    Bool,
+    Check,
+    Choice,
+    EchoFactor,
+    Int,
+    OptionalCallable,
+    Real,
+)
 from dataecho.loader.reading import is_map_style
 
 WHERE_CHOICES = ("before_augment", "after_augment", "batch", "device")
@@ -27,6 +39,8 @@ AUTO = "auto"
 # The most batches a worker keeps in flight by default: a huge echo factor would otherwise
 # ask for that many times DataLoader's depth, all held in memory.
 MAX_PREFETCH = 32
+# The most a caller's prefetch_factor may ask: workers x factor batches are held in memory.
+MAX_PREFETCH_FACTOR = 256
 
 
 def _setting(check: Check, help: str, default: Any = MISSING) -> Any:
@@ -67,7 +81,9 @@ class LoaderOptions:
     """Where and how much to echo; every field is checked on construction."""
 
     batch_size: int = _setting(
-        Int(1, hint="pass the number of examples per batch, e.g. 128"),
+        Int(
+            1, high=MAX_BATCH, why=BATCH_WHY, hint="pass the number of examples per batch, e.g. 128"
+        ),
         "examples per batch; batches are formed after the echo stage",
     )
     echo_factor: float | str = _setting(
@@ -83,7 +99,13 @@ class LoaderOptions:
         4.0,
     )
     reuse_buffer: int | None = _setting(
-        Int(1, none="default", hint="the number of recent fresh items 'auto' may reuse"),
+        Int(
+            1,
+            none="default",
+            high=MAX_BUFFER,
+            why=BUFFER_WHY,
+            hint="the number of recent fresh items 'auto' may reuse",
+        ),
         "with echo factor 'auto': how many recent fresh items a copy may be drawn from "
         "(default: one batch of examples, or 1 batch for where=batch or device)",
         None,
@@ -106,7 +128,7 @@ class LoaderOptions:
         "before_augment",
     )
     shuffle_buffer: int = _setting(
-        Int(0, hint="use 0 for no post-echo shuffling"),
+        Int(0, high=MAX_BUFFER, why=BUFFER_WHY, hint="use 0 for no post-echo shuffling"),
         "post-echo shuffle buffer in examples (whole batches for where=batch; for where=device, "
         "examples of the copies mixed across batches on the device); 0 or 1 = none",
         0,
@@ -136,8 +158,8 @@ class LoaderOptions:
         True,
     )
     read_ahead: int | None = _setting(
-        Int(0, none="default", hint="the examples each worker reads ahead on a thread; 0 reads "
-            "in step"),
+        Int(0, none="default", high=MAX_BUFFER, why=BUFFER_WHY,
+            hint="the examples each worker reads ahead on a thread; 0 reads in step"),
         "examples each worker reads ahead on a background thread, so slow reads overlap the "
         "echo stage's work (dataecho.loader.read_ahead); a dataset whose __getitem__ draws "
         "random numbers is reproducible only with 0 (default: one batch when echoing examples "

@@ -58,6 +58,8 @@ class StochasticEcho(Stage[T]):
             name="buffer_size",
             hint="the buffer must hold at least the item just loaded; "
             "use buffer_size=1 to reuse only the latest fresh item",
+            high=_validate.MAX_BUFFER,
+            why=_validate.BUFFER_WHY,
         )
         super().__init__(source, seed=_validate.seed(seed))
         self.copy = bool(copy)
