@@ -789,3 +789,113 @@ def test_loader_options_derive_their_defaults_and_say_them_once():
         LoaderOptions(batch_size=2.0)
     with pytest.raises(ValueError, match=r"max_echo_factor must be a finite number >= 1, got 0.5"):
         LoaderOptions(batch_size=2, max_echo_factor=0.5)
+
+
+EPOCHS = 2
+
+
+def resume_loader(num_workers: int, dataset=None) -> EchoingDataLoader:
+    return EchoingDataLoader(
+        dataset if dataset is not None else Numbers(160),
+        batch_size=16,
+        echo_factor=2,
+        where="after_augment",
+        shuffle=dataset is None,
+        seed=3,
+        num_workers=num_workers,
+    )
+
+
+def state_at(make, epoch: int, batches: int, *, past_the_end: bool = False):
+    """The ids each epoch yields before a state taken after ``batches`` batches of ``epoch``
+    (``past_the_end``: after the iterator also raised StopIteration), and that state."""
+    loader = make()
+    seen: dict[int, list[int]] = collections.defaultdict(list)
+    for e in range(epoch):
+        seen[e] = labels_of(loader)
+    it = iter(loader)
+    seen[epoch] += labels_of(next(it) for _ in range(batches))
+    if past_the_end:
+        assert next(it, None) is None
+    return seen, torch_roundtrip(loader.state_dict())
+
+
+# Where the state is taken: (epoch, batches into it, after its StopIteration); 20 batches an epoch.
+RESUME_POINTS = {
+    "mid-epoch": (0, 7, False),
+    "at the epoch's last batch": (0, 20, False),
+    "between epochs": (0, 20, True),
+    "last epoch's last batch": (1, 20, False),
+}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("point", sorted(RESUME_POINTS))
+def test_resumed_loops_counting_steps_or_epochs_read_the_uninterrupted_run(point, num_workers):
+    epoch, batches, past_the_end = RESUME_POINTS[point]
+    plain = resume_loader(num_workers)
+    expected = {e: labels_of(plain) for e in range(EPOCHS)}
+    assert len(expected[0]) == 320 and len(resume_loader(num_workers)) == 20
+    seen, state = state_at(lambda: resume_loader(num_workers), epoch, batches,
+                           past_the_end=past_the_end)  # fmt: skip
+    ended = batches == 20
+    assert state["epoch"] == epoch and state["next_epoch"] == epoch + ended
+
+    # Counting epochs from the loader: each runs its own, and the run reads what it would have.
+    by_epoch = resume_loader(num_workers)
+    by_epoch.load_state_dict(state)
+    assert by_epoch.epoch == epoch and by_epoch.next_epoch == epoch + ended
+    counted = {e: list(ids) for e, ids in seen.items()}
+    for e in range(by_epoch.next_epoch, EPOCHS):
+        counted[e] = counted.get(e, []) + labels_of(by_epoch)
+        assert by_epoch.epoch == e
+    assert counted == expected
+
+    # The same loop calling set_epoch before each epoch, as frameworks do.
+    with_set_epoch = resume_loader(num_workers)
+    with_set_epoch.load_state_dict(state)
+    counted = {e: list(ids) for e, ids in seen.items()}
+    for e in range(with_set_epoch.next_epoch, EPOCHS):
+        with_set_epoch.set_epoch(e)
+        counted[e] = counted.get(e, []) + labels_of(with_set_epoch)
+    assert counted == expected
+
+    # Counting steps: the batches left to the uninterrupted run's total, in its order.
+    by_steps = resume_loader(num_workers)
+    by_steps.load_state_dict(state)
+    total = [i for e in range(EPOCHS) for i in expected[e]]
+    done = sum(len(ids) for ids in seen.values())
+    rest: list[int] = []
+    while len(rest) < len(total) - done:
+        rest += labels_of(by_steps)
+    assert rest == total[done:]
+
+
+def test_state_at_a_last_batch_only_its_end_tells_names_that_epoch():
+    # An iterable dataset's length is not exact: the state names its epoch, whose rest is empty.
+    make = lambda: resume_loader(0, NumberStream(160))  # noqa: E731
+    plain = make()
+    expected = {e: labels_of(plain) for e in range(EPOCHS)}
+    seen, state = state_at(make, 0, 20)
+    assert state["next_epoch"] == 0
+    loader = make()
+    loader.load_state_dict(state)
+    assert loader.next_epoch == 0
+    assert labels_of(loader) == [] and loader.epoch == 0 and loader.next_epoch == 1
+    assert labels_of(loader) == expected[1]
+    assert seen[0] == expected[0]
+
+
+def test_set_epoch_over_a_state_at_an_epochs_last_batch_names_the_epoch_the_next_iter_runs():
+    plain = resume_loader(0)
+    expected = [labels_of(plain) for _ in range(EPOCHS)]
+    _, state = state_at(lambda: resume_loader(0), 0, 20)
+    assert state["root"] is not None and state["next_epoch"] == 1
+    loader = resume_loader(0)
+    loader.load_state_dict(state)
+    loader.set_epoch(0)  # continues epoch 0, whose rest is empty
+    assert loader.next_epoch == 0 and labels_of(loader) == [] and loader.epoch == 0
+    assert loader.next_epoch == 1 and labels_of(loader) == expected[1]
+    loader.load_state_dict(state)
+    loader.set_epoch(1)
+    assert loader.next_epoch == 1 and labels_of(loader) == expected[1] and loader.epoch == 1

@@ -196,6 +196,23 @@ def test_device_echo_trains_like_the_worker_side_augmentation(tiny):
     assert device.test_accuracy > 0.5 and abs(device.test_accuracy - host.test_accuracy) < 0.1
 
 
+def test_resume_from_an_epochs_last_batch_in_memory_is_exact(tiny, tmp_path):
+    # 1,024 examples in batches of 64: step 16 is epoch 0's last batch.
+    cfg = tiny(budget=2560, max_steps=40)
+    resumed_equals_uninterrupted(cfg, tmp_path / "ck", stop=16, every=16)
+
+
+def test_resume_from_an_epochs_last_batch_of_shards_is_exact(data_dir, tmp_path):
+    # 512 examples in shards, batches of 64: step 8 is epoch 0's last batch, which an iterable
+    # dataset's state cannot know; the resumed run's loader continues that epoch (empty).
+    folder = tmp_path / "shards"
+    prepare(folder, data_dir=data_dir, examples=512, examples_per_shard=128)
+    cfg = TrainConfig(upstream=str(folder), data_dir=data_dir, batch_size=64, budget=1024,
+                      eval_every=512, eval_examples=100, num_workers=1, device="cpu",
+                      max_steps=14)  # fmt: skip
+    resumed_equals_uninterrupted(cfg, tmp_path / "ck", stop=8, every=8)
+
+
 def test_checkpoints_hold_the_whole_run_and_rotate(tiny, tmp_path):
     cfg = tiny(checkpoint_dir=tmp_path, checkpoint_every=5, keep_checkpoints=2, max_steps=12)
     r = train(cfg, log=quiet)

@@ -260,11 +260,14 @@ def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCou
     their own, so unequal shares cannot leave a rank waiting in a collective)."""
     while True:
         data.set_epoch(run.epoch)
+        # A loaded position continues its epoch, whose rest may be empty (a checkpoint taken
+        # at its last batch, where only the end tells).
+        continuing = loader.next_epoch == loader.epoch
         count = 0
         for batch in bar.wrap(loader):
             count += 1
             yield batch
-        if count == 0:
+        if count == 0 and not continuing:
             who = "the loader" if rank is None else f"rank {rank.rank}'s loader"
             shared = "" if rank is None else f", shared by {rank.world_size} ranks"
             raise ValueError(

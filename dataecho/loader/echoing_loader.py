@@ -260,8 +260,9 @@ class EchoingDataLoader:
         self._current: weakref.ref[EpochIterator] | None = None
         self._dropped: dict[str, Any] | None = None  # the position of a dropped iterator
         self._resume: dict[str, Any] | None = None
-        # set_epoch(p + 1) over a loaded position of epoch p: that position must be p's end.
-        self._resume_must_end = False
+        # set_epoch(p) or set_epoch(p + 1) over a loaded position of epoch p, else None: with
+        # p + 1 that position must be p's end.
+        self._resume_asked: int | None = None
         self._checked_copies = False  # whether the identical-copies warning was considered
 
     @property
@@ -270,17 +271,28 @@ class EchoingDataLoader:
         ``set_epoch(e)`` until the next ``iter()`` starts epoch ``e``."""
         return self._epoch
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``iter()`` runs: ``epoch + 1``, or ``epoch`` while a position
+        loaded by ``load_state_dict`` has batches of it left (its state's ``"next_epoch"``),
+        or what ``set_epoch`` asked for."""
+        if self._resume is None:
+            return self._epoch + 1
+        asked = self._resume_asked
+        return int(self._resume["next_epoch"]) if asked is None else asked
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run epoch ``epoch``, whose order, echo draws and
         augmentations come from the seed and the epoch, as a sampler's ``set_epoch`` does.
         Frameworks that count epochs themselves (HF ``Trainer``) call it before each one.
 
-        Without it the next ``iter()`` runs ``loader.epoch + 1``. A position loaded by
-        ``load_state_dict`` in epoch ``p`` is kept: ``set_epoch(p)`` continues it, and so does
-        ``set_epoch(p + 1)`` when that position is the end of epoch ``p`` (a checkpoint taken
-        after its last batch; otherwise the first ``next()`` raises). An epoch being iterated
-        ends, as a new ``iter()`` ends it (frameworks keep the iterator of an epoch they cut at
-        ``len(loader)``): its ``next()`` raises ``RuntimeError``.
+        Without it the next ``iter()`` runs ``loader.next_epoch``. A position loaded by
+        ``load_state_dict`` in epoch ``p`` is kept: ``set_epoch(p)`` continues it (nothing is
+        left of it at the epoch's end), and so does ``set_epoch(p + 1)`` when that position is
+        the end of epoch ``p`` (a checkpoint taken after its last batch; otherwise the first
+        ``next()`` raises). An epoch being iterated ends, as a new ``iter()`` ends it
+        (frameworks keep the iterator of an epoch they cut at ``len(loader)``): its ``next()``
+        raises ``RuntimeError``.
         """
         epoch = _validate.non_negative_int(epoch, name="epoch", hint="epochs count from 0")
         it = self._iterator
@@ -296,7 +308,7 @@ class EchoingDataLoader:
                     f"it was saved after the epoch's last batch); to start epoch {epoch} "
                     "instead, use a new loader"
                 )
-            self._resume_must_end = epoch == resumed + 1
+            self._resume_asked = epoch
             return
         # A dropped iterator's position belongs to the epoch being left.
         self._dropped = None
@@ -324,21 +336,28 @@ class EchoingDataLoader:
         it = self._iterator
         if it is not None:
             if it.started and not it.finished:
-                self._keep_dropped(it.root.state_dict())
+                self._keep_dropped(it.position())
             it.supersede()
         self._current = None
         if self._persistent is not None:
             self._persistent.stop()
 
     def _live_position(self) -> dict[str, Any] | None:
-        """The root state of the epoch in progress (live or dropped mid-epoch), else None."""
+        """The epoch in progress (live or dropped mid-epoch): its root's state and the batches
+        handed out; else None."""
         it = self._iterator
         if it is not None and it.started:
-            return None if it.finished else it.root.state_dict()
+            return None if it.finished else it.position()
         return self._dropped
 
-    def _keep_dropped(self, root_state: dict[str, Any]) -> None:
-        self._dropped = root_state
+    def _keep_dropped(self, position: dict[str, Any]) -> None:
+        self._dropped = position
+
+    def _ended_at(self, yielded: int) -> bool:
+        """Whether ``yielded`` batches are a whole epoch, known where ``len`` is exact (a
+        map-style dataset at a fixed factor); elsewhere only its end tells."""
+        exact = is_map_style(self.dataset) and not self.options.adaptive
+        return exact and yielded >= len(self)
 
     def __iter__(self) -> Iterator[Any]:
         """An iterator over the next epoch (or the resumed one). The epoch starts at its first
@@ -358,7 +377,8 @@ class EchoingDataLoader:
             warn_identical_copies(self.dataset, self.options)
         self._dropped = None
         resume, self._resume = self._resume, None
-        must_end, self._resume_must_end = self._resume_must_end, False
+        asked, self._resume_asked = self._resume_asked, None
+        must_end = asked == self._epoch + 1
         if resume is None:
             self._epoch += 1
         self._prepare_epoch(resume)
@@ -371,11 +391,14 @@ class EchoingDataLoader:
         try:
             first = next(root)
         except StopIteration:
-            # Resumed after the epoch's last batch (a framework that stops at len(loader) never
-            # sees the end): the rest is empty, so go on with the next epoch, as
-            # torchdata.nodes.Loader does.
             close_chain(root)
-            return self._start_epoch()
+            if (resume["next_epoch"] if asked is None else asked) > self._epoch:
+                # Saved after the epoch's last batch, and said so (or set_epoch asked for the
+                # next one): go on with the next epoch, as torchdata.nodes.Loader does.
+                return self._start_epoch()
+            # This epoch was named (by the state, its end not yet known, or by set_epoch):
+            # its rest is empty.
+            raise StopIteration from None
         if must_end:
             close_chain(root)
             # Still loaded, as it was: set_epoch(its epoch) continues it.
@@ -386,7 +409,7 @@ class EchoingDataLoader:
                 f"{self._epoch} has batches of that epoch left: call "
                 f"set_epoch({self._epoch}) to finish it first"
             )
-        return EpochStart(root, workers, reader, settled, [first])
+        return EpochStart(root, workers, reader, settled, [first], resume["yielded"])
 
     def _prepare_epoch(self, resume: dict[str, Any] | None) -> None:
         """Hand the pipeline this epoch's seed, rank and (with a sampler) read order."""
@@ -462,15 +485,21 @@ class EchoingDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly here: epoch, pipeline positions, RNGs, counts.
 
-        Between epochs it holds the dataset's own state, if it keeps one."""
+        ``"next_epoch"`` is the epoch the next ``iter()`` after loading it runs: ``"epoch"``
+        while batches of it are left, ``"epoch" + 1`` once its last batch was handed out and
+        that is known (see docs/faults-and-resume.md). Between epochs it holds the dataset's
+        own state, if it keeps one."""
         if self._resume is not None:  # loaded but not yet iterated: hand the same state on
             return {**self._resume, "stats": self.stats.state_dict()}
-        root = self._live_position()
-        live = root is not None
+        position = self._live_position()
+        live = position is not None
+        ended = not live or self._ended_at(position["yielded"])
         state: dict[str, Any] = {
             "epoch": self._epoch,
+            "next_epoch": self._epoch + 1 if ended else self._epoch,
             "seed": self.seed,
-            "root": root,
+            "root": position["root"] if live else None,
+            "yielded": position["yielded"] if live else 0,
             "stats": self.stats.state_dict(),
         }
         indices = self._pipeline.fields.indices if live else None  # a copy
@@ -499,7 +528,7 @@ class EchoingDataLoader:
         self.stats.load_state_dict(state["stats"])
         self._epoch = int(state["epoch"])
         self._resume = state if state["root"] is not None else None
-        self._resume_must_end = False
+        self._resume_asked = None
         if state.get("dataset") is not None:
             # Restored now, before iter(), so that a call made between (a set_epoch) applies.
             self.dataset.load_state_dict(state["dataset"])

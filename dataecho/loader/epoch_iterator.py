@@ -41,12 +41,14 @@ class EpochStart(NamedTuple):
     reader: Any  # the stage whose fresh batches count once handed on (see WorkersNode), or None
     settled: int  # the reader's fresh batches already counted (a resumed epoch's)
     first: list[Any]  # a first batch already taken (a resumed epoch's), or none
+    yielded: int = 0  # batches of this epoch handed out before (a resumed epoch's)
 
 
 class EpochIterator:
     """One epoch's iterator: times the consumer's waits and counts what it hands out.
 
-    ``start`` (the loader's) starts the epoch at the first ``next()``; after that it holds no
+    ``start`` (the loader's) starts the epoch at the first ``next()`` (it raises
+    ``StopIteration`` for an epoch with nothing left); after that it holds no
     reference to its loader, so dropping the loader (or this iterator, once the loader is gone)
     stops the workers at once. ``on_drop`` receives the position of an iterator dropped
     mid-epoch, so the loader's ``state_dict()`` still holds it.
@@ -67,6 +69,7 @@ class EpochIterator:
         self._workers: WorkersNode | None = None
         self._reader: Any = None  # the adaptive stage whose fresh emissions settle the counts
         self._settled = 0
+        self.yielded = 0  # batches of this epoch handed out, a resumed epoch's earlier ones too
         self._on_drop = on_drop
         self._closed = False
 
@@ -95,6 +98,7 @@ class EpochIterator:
                 epoch = begin()
                 self.root, self._workers, self._reader = epoch.root, epoch.workers, epoch.reader
                 self._settled, self._first = epoch.settled, epoch.first
+                self.yielded = epoch.yielded
             batch = self._first.pop() if self._first else next(self.root)
         except StopIteration:
             self.finished = True
@@ -115,8 +119,14 @@ class EpochIterator:
             self._workers.settle(handed - self._settled)
             self._settled = handed
         stats.batches += 1
+        self.yielded += 1
         stats.examples_out += batch_length(batch)
         return batch
+
+    def position(self) -> dict[str, Any]:
+        """Where this started epoch is: its root's state and the batches handed out."""
+        assert self.root is not None
+        return {"root": self.root.state_dict(), "yielded": self.yielded}
 
     def _work_seconds(self) -> float:
         return getattr(self.root, "work_seconds", 0.0) if self.root is not None else 0.0
@@ -139,7 +149,7 @@ class EpochIterator:
     def __del__(self) -> None:
         try:
             if self._on_drop is not None and self.started and not self.finished:
-                self._on_drop(self.root.state_dict())
+                self._on_drop(self.position())
             self.close()
         except Exception:  # interpreter shutdown: nothing left to clean
             pass
