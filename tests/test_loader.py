@@ -785,7 +785,9 @@ def test_loader_options_derive_their_defaults_and_say_them_once():
     for f in dataclasses.fields(LoaderOptions):
         if f.init:
             assert f"{f.name}: {f.metadata['help']}." in doc, f.name
-    with pytest.raises(TypeError, match=r"batch_size must be an integer in 1..1048576, got 2.0 of type"):
+    with pytest.raises(
+        TypeError, match=r"batch_size must be an integer in 1..1048576, got 2.0 of type"
+    ):
         LoaderOptions(batch_size=2.0)
     with pytest.raises(ValueError, match=r"max_echo_factor must be a finite number >= 1, got 0.5"):
         LoaderOptions(batch_size=2, max_echo_factor=0.5)

@@ -293,7 +293,11 @@ def test_read_ahead_default_is_one_batch_only_for_fixed_example_echoing(kwargs, 
     ("value", "error", "words"),
     [
         (-1, ValueError, ["read_ahead", "-1", ">= 0", "0 reads in step"]),
-        (1.5, TypeError, ["read_ahead", "1.5", "integer in 0..16777216", "float", "0 reads in step"]),
+        (
+            1.5,
+            TypeError,
+            ["read_ahead", "1.5", "integer in 0..16777216", "float", "0 reads in step"],
+        ),
         ("x", TypeError, ["read_ahead", "'x'", "integer in 0..16777216", "str", "0 reads in step"]),
         (True, TypeError, ["read_ahead", "True", "integer in 0..16777216", "bool"]),
     ],

@@ -88,7 +88,10 @@ def test_non_integer_buffer_error(bad: object) -> None:
     with pytest.raises(TypeError) as info:
         shuffle(range(3), bad)  # type: ignore[arg-type]
     msg = str(info.value)
-    assert f"buffer_size must be an integer in 0..16777216, got {bad!r} of type {type(bad).__name__}" in msg
+    assert (
+        f"buffer_size must be an integer in 0..16777216, got {bad!r} of type {type(bad).__name__}"
+        in msg
+    )
 
 
 # --- resume -----------------------------------------------------------------------------------
