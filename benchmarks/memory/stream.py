@@ -79,10 +79,13 @@ def sample(progress: dict[str, int], start: float) -> dict[str, float]:
     for child in children("self"):
         try:
             name = Path(f"/proc/{child}/comm").read_text().strip()
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if name.startswith("nginx"):  # the master and its worker: the server, not ours
             nginx += rss_mib(child) + sum(rss_mib(c) for c in children(child))
+        elif b"dataecho-nginx-watcher" in argv:  # the shell that stops nginx with this process
+            nginx += rss_mib(child)
         else:
             workers.append(rss_mib(child))
             cpu, pss = cpu + cpu_seconds(child), pss + pss_mib(child)

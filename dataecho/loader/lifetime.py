@@ -15,6 +15,8 @@ there: after ``kill -9`` of a training run such workers were seen alive, parente
   (an iterator created on a thread that then ends) would be killed mid-epoch: those rely on
   the polling thread alone, as do spawned workers. An at-fork hook records, in the forking
   thread, which thread it is and the parent's pid, so the worker can tell.
+
+A worker ignores SIGINT: Ctrl-C is for the training process, which stops its workers itself.
 """
 
 from __future__ import annotations
@@ -67,5 +69,9 @@ class DieWithParent:
         threading.Thread(
             target=_watch, args=(parent,), name="dataecho-parent-watch", daemon=True
         ).start()
+        # Ctrl-C reaches the whole process group: the training process stops its workers in
+        # order (after its final checkpoint). A worker that broke off on its own could die
+        # while handing a batch's shared memory over, and print that thread's traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self.user_fn is not None:
             self.user_fn(worker_id)
