@@ -78,6 +78,13 @@ def non_negative_int(
     return Int(0, high=high, why=why, hint=hint or "use 0 to disable").check(name, value)
 
 
+def buffer_size(value: object, *, low: int, hint: str, name: str = "buffer_size") -> int:
+    """Return ``value`` as an item count of a stage's buffer: an int from ``low`` (0 or 1) to
+    :data:`MAX_BUFFER`, or raise naming the range, the reason and ``hint``."""
+    check = positive_int if low == 1 else non_negative_int
+    return check(value, name=name, hint=hint, high=MAX_BUFFER, why=BUFFER_WHY)
+
+
 def positive_int(
     value: object, *, name: str, hint: str = "", high: int | None = None, why: str = ""
 ) -> int:

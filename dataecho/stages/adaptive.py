@@ -141,22 +141,10 @@ class AdaptiveEcho(Stage[T]):
     ) -> None:
         self.max_factor = _validate.echo_factor(max_factor, name="max_factor")
         hint = "the reuse buffer keeps the last buffer_size fresh items; 1 reuses only the latest"
-        self.buffer_size = _validate.positive_int(
-            buffer_size,
-            name="buffer_size",
-            hint=hint,
-            high=_validate.MAX_BUFFER,
-            why=_validate.BUFFER_WHY,
-        )
+        self.buffer_size = _validate.buffer_size(buffer_size, low=1, hint=hint)
         self.policy = _validate.one_of(policy, POLICIES, name="policy")
         hint = "the read-ahead queue needs room for at least one item, e.g. queue_size=16"
-        self.queue_size = _validate.positive_int(
-            queue_size,
-            name="queue_size",
-            hint=hint,
-            high=_validate.MAX_BUFFER,
-            why=_validate.BUFFER_WHY,
-        )
+        self.queue_size = _validate.buffer_size(queue_size, low=1, name="queue_size", hint=hint)
         super().__init__(source, seed=_validate.seed(seed))
         self.copy = bool(copy)
         self._limit = math.floor(self.max_factor)  # emissions allowed per item, fresh one included

@@ -47,12 +47,8 @@ class MixExamples(Stage[Any]):
         seed: int | None = None,
         device: str | torch.device | None = None,
     ) -> None:
-        self.buffer_size = _validate.non_negative_int(
-            buffer_size,
-            name="buffer_size",
-            hint="use 0 (or 1) for no mixing",
-            high=_validate.MAX_BUFFER,
-            why=_validate.BUFFER_WHY,
+        self.buffer_size = _validate.buffer_size(
+            buffer_size, low=0, hint="use 0 (or 1) for no mixing"
         )
         super().__init__(source, seed=_validate.seed(seed))
         self.device = None if device is None else torch.device(device)

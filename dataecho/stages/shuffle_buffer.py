@@ -27,12 +27,8 @@ class Shuffle(Stage[T]):
     STAGE_ID = STAGE_SHUFFLE
 
     def __init__(self, source: Iterable[T], buffer_size: int, *, seed: int | None = None) -> None:
-        self.buffer_size = _validate.non_negative_int(
-            buffer_size,
-            name="buffer_size",
-            hint="use 0 (or 1) for no shuffling",
-            high=_validate.MAX_BUFFER,
-            why=_validate.BUFFER_WHY,
+        self.buffer_size = _validate.buffer_size(
+            buffer_size, low=0, hint="use 0 (or 1) for no shuffling"
         )
         super().__init__(source, seed=_validate.seed(seed))
         self._buffer: list[Any] = []

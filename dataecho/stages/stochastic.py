@@ -53,13 +53,11 @@ class StochasticEcho(Stage[T]):
                     f"dataecho.schedules.cosine_decreasing(1.0, 0.25, total_steps)"
                 ) from None
         self.load_prob = load_prob
-        self.buffer_size = _validate.positive_int(
+        self.buffer_size = _validate.buffer_size(
             buffer_size,
-            name="buffer_size",
+            low=1,
             hint="the buffer must hold at least the item just loaded; "
             "use buffer_size=1 to reuse only the latest fresh item",
-            high=_validate.MAX_BUFFER,
-            why=_validate.BUFFER_WHY,
         )
         super().__init__(source, seed=_validate.seed(seed))
         self.copy = bool(copy)
