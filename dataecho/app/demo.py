@@ -32,6 +32,7 @@ from dataecho._validate import Int, Real
 from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
 from dataecho.app.config import MAX_SEED
 from dataecho.app.config_checks import MAX_ECHO_FACTOR
+from dataecho.app.quiet import CpuWatch, QuietCheck, load_per_core
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
 from dataecho.app.train import TrainConfig, train
@@ -140,8 +141,9 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.budget is not None:
         plan = dataclasses.replace(plan, budget=args.budget)
     target = args.target or (QUICK_TARGET if args.quick else DEFAULT_TARGET)
-    load_before = _load()
+    load_before, load_per_core_before = _load(), load_per_core()
     shard_dir, manifest = _prepare(args, plan)
+    watch = CpuWatch.start()  # after the one-time shard writing: the runs' own time only
     emulate = args.emulate or _nginx_missing()
     cal = calibrate(shard_dir, manifest, aim=args.upstream_ratio, data_dir=args.data_dir,
                     batch_size=plan.batch_size, seed=args.seed,
@@ -163,6 +165,11 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"figures of merit:\n{merits}")
     if emulate:
         print(f"EMULATION: these numbers come from {up.description}")
+    check = QuietCheck(aim=args.upstream_ratio, lived_ratio=lived_ratio,
+                       others_cores=watch.others_cores(), load_per_core=load_per_core_before,
+                       calibration_settled=cal.settled)  # fmt: skip
+    if busy := check.summary():
+        print("\n" + "\n".join(busy))
     meta = ReportMeta(
         command=_command(args),
         machine=_machine(),
@@ -175,6 +182,7 @@ def run_demo(args: argparse.Namespace) -> int:
         + ("" if cal.probed_ratio is None else f", a probe of the loop {cal.probed_ratio:.2f}"),
         bandwidth_bytes_per_s=cal.rate,
         load=f"before: {load_before}; after: {_load()}",
+        warnings=tuple(check.problems()),
         notes=(
             *cal.notes,
             f"echo stage of the echoed runs: where={args.where}; augmentation: a random "

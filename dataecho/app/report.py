@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dataecho.app.quiet import RERUN
 from dataecho.app.ratios import ratios
 
 COLUMNS = (
@@ -45,6 +46,8 @@ class ReportMeta:
     bandwidth_bytes_per_s: float | None = None  # total cap over all connections
     load: str = ""  # load averages before and after: other jobs may share the cores
     notes: tuple[str, ...] = ()  # extra lines (calibration, profiler output, ...)
+    # Signs that the machine was not quiet (dataecho.app.quiet): the figures may not hold.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,10 @@ def _markdown(results: Sequence[Any], rows: list[Row], meta: ReportMeta) -> str:
         lines.append(f"- target: evaluation accuracy {target:g}")
     if skipped := _skipped(results):
         lines.append(f"- bad records skipped (on_bad_record=skip; never trained on): {skipped}")
+    if meta.warnings:
+        lines += ["", "## The machine was not quiet", "",
+                  "The figures of merit below may not hold:", "",
+                  *(f"- {w}" for w in meta.warnings), "", f"What to do: {RERUN}."]  # fmt: skip
     lines += ["", "## Results", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
     lines += ["", "worker ms/fresh batch: CPU time of the loader's worker processes over the "
