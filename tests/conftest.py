@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 from dataecho.app.sources.nginx import INSTALL_HINT, NginxNotFoundError, find_nginx
 
 # A shell starts background jobs (`make test &` in a script, `nohup ... &`) with SIGINT ignored,
 # and an ignored signal stays ignored in every process started from here. The Ctrl-C tests
-# (tests/test_shutdown.py, test_cli.py, ...) send SIGINT and need the usual KeyboardInterrupt:
+# (tests/app/test_shutdown.py, test_cli.py, ...) send SIGINT and need the usual KeyboardInterrupt:
 # restore it for this process; a handler, unlike "ignore", is reset to the default in children.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -205,16 +206,30 @@ class SlowIterable:
 
 
 def alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (reaped first if it is an exited child of ours)."""
+    """Whether process ``pid`` still runs: reaped first if it is an exited child of ours; a
+    zombie is dead too (it only waits for its parent to reap it)."""
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    return True
+
+
+class Numbers(Dataset):
+    """Example i is (a float tensor filled with i, label i)."""
+
+    def __init__(self, n: int, width: int = 3) -> None:
+        self.n, self.width = n, width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((self.width,), float(i)), i
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ copy to land on that thread instead, so a batch counts as arrived only once it i
 and the training thread never blocks on a transfer. Each copied tensor is ``record_stream``-ed
 on the training stream, so the caching allocator does not hand its memory to the next copy
 while training still reads it. This CUDA path has not been run on a GPU yet; the CPU device
-runs the same nodes, with plain pass-through moves (``tests/test_device.py``).
+runs the same nodes, with plain pass-through moves (``tests/library/test_device.py``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 import experiments
 from experiments.__main__ import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_experiment_is_a_package_with_a_run() -> None:

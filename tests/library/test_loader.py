@@ -12,25 +12,12 @@ import traceback
 
 import pytest
 import torch
-from conftest import assert_same_item, run_test_save_load_state, torch_roundtrip
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from conftest import Numbers, assert_same_item, run_test_save_load_state, torch_roundtrip
+from torch.utils.data import IterableDataset, get_worker_info
 
 from dataecho import EchoingDataLoader, LoaderOptions
 
 WHERES = ("before_augment", "after_augment", "batch", "device")
-
-
-class Numbers(Dataset):
-    """Example i is (a float tensor filled with i, label i)."""
-
-    def __init__(self, n: int, width: int = 3) -> None:
-        self.n, self.width = n, width
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return torch.full((self.width,), float(i)), i
 
 
 class NumberStream(IterableDataset):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # `python -m pytest` adds it; a bare `pytest` may not
     sys.path.insert(0, ROOT)
 

@@ -31,7 +31,7 @@ from dataecho.app.sources.nginx import (
 from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
 from dataecho.loader import EchoingDataLoader
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def alive(pid: int) -> bool:

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_stream, torch_roundtrip, wait_for_log
-from test_loader import Numbers
+from conftest import Numbers, assert_same_stream, torch_roundtrip, wait_for_log
 from test_reliability_resume import synthetic
 
 from dataecho import EchoingDataLoader
@@ -40,7 +39,7 @@ from dataecho.app.sources.nginx import group_pids
 from dataecho.app.sources.shards import write_image_shards
 from dataecho.app.train import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class SignalAt(Numbers):

@@ -285,7 +285,7 @@ DDP_SCRIPT = """
 import json, os, sys
 from pathlib import Path
 
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_lightning, conftest
 import torch
 from test_lightning import Recorder, fit
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 import torch
-from conftest import wait_until
+from conftest import alive, wait_until
 
 from dataecho import EchoingDataLoader
 from dataecho.loader.lifetime import POLL_SECONDS, DieWithParent
@@ -27,14 +27,6 @@ from dataecho.loader.lifetime import POLL_SECONDS, DieWithParent
 EXAMPLES = 64
 # Within this of the training process's death its workers are gone (they poll every 0.1 s).
 PROMPTLY = 1.0
-
-
-def alive(pid: int) -> bool:
-    try:  # a zombie is dead too: it only waits for its new parent to reap it
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def state(pid: int) -> str:

@@ -1,8 +1,8 @@
-"""Run by torchrun (tests/test_multinode.py): one rank's reads of 64 example ids, one epoch each
+"""Run by torchrun (tests/app/test_multinode.py): one rank's reads of 64 example ids, one epoch each
 through an ``EchoingDataLoader`` without a sampler (0 and 1 loader workers) and with a
 ``DistributedSampler``; writes ``{scenario: [ids seen, in order]}`` to ``OUT/rank-R.json``.
 
-    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 2 ... tests/torchrun_shares.py OUT
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 2 ... tests/app/torchrun_shares.py OUT
 """
 
 from __future__ import annotations

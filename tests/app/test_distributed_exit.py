@@ -42,7 +42,7 @@ from dataecho.app.sources.fashion_mnist import (
 )
 from dataecho.app.sources.nginx import group_pids
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- the handlers, in this process -----------------------------------------------------------

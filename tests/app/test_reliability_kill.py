@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import wait_until
-from test_lifetime import alive
+from conftest import alive, wait_until
 from test_reliability_resume import synthetic
 
 from dataecho.app.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND
 from dataecho.app.sources.shards import write_image_shards
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES, BUDGET = 600, 1200  # two epochs: the kill may land in either
 COUNTS = ("fresh_examples", "examples_out", "batches")
 

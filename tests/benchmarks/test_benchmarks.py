@@ -16,7 +16,7 @@ import pytest
 import torch
 
 # `python -m pytest` from the repository root puts it on sys.path; a bare `pytest` may not.
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 

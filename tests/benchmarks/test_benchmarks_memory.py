@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_nginx
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # `python -m pytest` adds it; a bare `pytest` may not
     sys.path.insert(0, ROOT)
 

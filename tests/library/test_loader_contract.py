@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import alive, torch_roundtrip
-from test_loader import Numbers, NumberStream, add_noise, labels_of
+from conftest import Numbers, alive, torch_roundtrip
+from test_loader import NumberStream, add_noise, labels_of
 from torch.utils.data import (
     DataLoader,
     DistributedSampler,

@@ -1,7 +1,7 @@
 """Multi-node data parallelism on the launcher users use: two ``torchrun`` agents, the two
 "nodes" of one c10d rendezvous on 127.0.0.1, started as a user starts them on two machines.
 
-The loader (``tests/torchrun_shares.py`` on 2 x 2 ranks, gloo, CPU): without a sampler each of
+The loader (``tests/app/torchrun_shares.py`` on 2 x 2 ranks, gloo, CPU): without a sampler each of
 the 4 ranks reads its own share (0 and 1 loader workers), with a ``DistributedSampler`` the
 sampler's share; the shares are disjoint, cover the dataset, and every id is echoed
 ``echo_factor`` times by the rank that read it. Then ``dataecho train`` on 2 x 1 ranks from
@@ -33,7 +33,7 @@ from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_su
 from dataecho.app.sources.nginx import NginxServer
 from dataecho.app.upstream import prepare
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the venv's torchrun
 NODES = 2
 TAG = "DATAECHO_TEST_RUN"
@@ -116,7 +116,7 @@ def test_four_ranks_on_two_nodes_read_disjoint_shares_that_cover_the_data(tmp_pa
 
     out = tmp_path / "shares"
     out.mkdir()
-    torchrun_nodes(tmp_path, 2, [str(REPO / "tests" / "torchrun_shares.py"), str(out)],
+    torchrun_nodes(tmp_path, 2, [str(REPO / "tests" / "app" / "torchrun_shares.py"), str(out)],
                    timeout=120)  # fmt: skip
     ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2 * NODES)]
     assert {r.pop("world") for r in ranks} == {4}

@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
-from conftest import alive, assert_same_stream, run_test_save_load_state, wait_until
-from test_loader import Numbers, NumberStream, add_noise, labels_of
+from conftest import Numbers, alive, assert_same_stream, run_test_save_load_state, wait_until
+from test_loader import NumberStream, add_noise, labels_of
 from torch.utils.data import DistributedSampler, Sampler
 
 from dataecho import EchoingDataLoader

@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
-from conftest import torch_roundtrip
-from test_loader import Numbers, NumberStream, add_noise, labels_of
+from conftest import Numbers, torch_roundtrip
+from test_loader import NumberStream, add_noise, labels_of
 from torch.utils.data import SubsetRandomSampler
 
 from dataecho import EchoingDataLoader
