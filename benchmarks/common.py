@@ -19,7 +19,6 @@ import os
 import platform
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -243,15 +242,3 @@ def load_average() -> str:
 def results_dir(name: str) -> Path:
     """Where benchmark ``name`` writes its generated report by default: ``bench-results/NAME``."""
     return RESULTS / name
-
-
-def __getattr__(name: str) -> Any:
-    # The step's earlier name: it read as a training loop, which it is not.
-    if name == "TrainStep":
-        warnings.warn(
-            "benchmarks.common.TrainStep is now benchmarks.common.SyntheticStep",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return SyntheticStep
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

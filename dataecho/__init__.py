@@ -44,31 +44,6 @@ from dataecho.transforms import on_input
 
 __version__ = "0.1.0"
 
-# Names that moved to the application (dataecho[app]) or to the optimizers' module. They keep
-# working for one release, with a DeprecationWarning that names the new place.
-_MOVED = {
-    "train": ("dataecho.app.train", "train"),
-    "TrainConfig": ("dataecho.app.config", "TrainConfig"),
-    "TrainResult": ("dataecho.app.train", "TrainResult"),
-    "distributed": ("dataecho.app.distributed", None),
-    "algorithms": ("dataecho.optim", None),
-}
-
-
-def __getattr__(name: str):  # noqa: ANN202
-    import importlib
-    import warnings
-
-    if name not in _MOVED:
-        raise AttributeError(f"module 'dataecho' has no attribute {name!r}")
-    module, attribute = _MOVED[name]
-    new = module if attribute is None else f"{module}.{attribute}"
-    warnings.warn(f"dataecho.{name} moved to {new}; the old name goes in the next release",
-                  DeprecationWarning, stacklevel=2)  # fmt: skip
-    target = importlib.import_module(module)
-    return target if attribute is None else getattr(target, attribute)
-
-
 __all__ = [
     "AdaptiveEcho",
     "Echo",

@@ -181,23 +181,4 @@ class EchoedNesterov(EchoedOptimizer):
             y.copy_(y_next)
 
 
-# Old names kept for one release: ``Echo`` also names the stream stage (dataecho.stages.Echo).
-_RENAMED = {"Echo": "EchoedOptimizer"}
-
-
-def __getattr__(name: str) -> type[EchoedOptimizer]:
-    import warnings
-
-    if name not in _RENAMED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    new = _RENAMED[name]
-    warnings.warn(
-        f"dataecho.optim.{name} is now dataecho.optim.{new} ({name} is the stream stage, "
-        f"dataecho.stages.{name}); the old name goes in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return globals()[new]
-
-
 __all__ = ["EchoedGD", "EchoedNesterov", "EchoedOptimizer", "EchoedProxGD"]

@@ -44,7 +44,7 @@ class Settings:
 
 def run(settings: Settings, log: Any = print) -> list[dict[str, Any]]:
     """One launched run per (sync, e); a row of figures each."""
-    from dataecho.app.distributed import launch
+    from dataecho.app.train import train  # nproc > 1: launches the ranks, returns rank 0's result
 
     rows = []
     for e in settings.factors:
@@ -56,7 +56,7 @@ def run(settings: Settings, log: Any = print) -> list[dict[str, Any]]:
             )  # fmt: skip
             log(f"[distributed] {cfg.name}: launching {settings.nproc} ranks")
             t0 = time.perf_counter()
-            r = launch(cfg)
+            r = train(cfg)
             launched = time.perf_counter() - t0
             rank0 = r.ranks[0]
             fresh_batches = rank0["fresh_examples"] / cfg.batch_size

@@ -185,22 +185,6 @@ def _run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- reproduce (moved) ------------------------------------------------------------------------
-
-
-def _add_reproduce(p: argparse.ArgumentParser) -> None:
-    p.add_argument("args", nargs=argparse.REMAINDER, help="what the command used to take")
-
-
-def _run_reproduce(args: argparse.Namespace) -> int:
-    # The experiments live in the checkout's experiments/ folder, outside the installed package.
-    rest = " ".join(args.args) or "choi --quick"
-    raise ValueError(
-        f"the reproductions moved out of the installed package; from a checkout of dataecho "
-        f"run: python -m experiments {rest}"
-    )
-
-
 COMMANDS = [
     Command("demo", "train on shards served by nginx with and without echoing; write a report",
             demo.add_demo_arguments, demo.run_demo),
@@ -210,8 +194,6 @@ COMMANDS = [
             _add_prepare, _run_prepare),
     Command("train", "train a model through the echoing loader from an upstream of your choice",
             _add_train, _run_train),
-    Command("reproduce", "moved: python -m experiments NAME, from a checkout",
-            _add_reproduce, _run_reproduce),
 ]  # fmt: skip
 
 

@@ -2,8 +2,7 @@
 on the loader's.
 
 The checks themselves are the library's (:mod:`dataecho._validate`: ``check(name, value)``,
-``parse(text)``, ``describe()``); they are named here too, as :mod:`dataecho.app.config`
-imported them from this module before.
+``parse(text)``, ``describe()``); import them from there.
 """
 
 from __future__ import annotations
@@ -12,18 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from dataecho._validate import (
-    BATCH_WHY,
-    MAX_BATCH,
-    Bool,
-    Check,
-    Choice,
-    EchoFactor,
-    Int,
-    PathValue,
-    Real,
-    Text,
-)
+from dataecho._validate import BATCH_WHY, MAX_BATCH, Check, EchoFactor, Int, Real
 from dataecho.loader.options import DeviceName
 
 # The largest echo factor a run takes (fixed, or the most copies with "auto"). Each fresh item
@@ -93,5 +81,4 @@ class TrainingDevice(DeviceName):
         return device
 
 
-__all__ = ["MAX_ECHO_FACTOR", "RUN_LOADER_CHECKS", "Bool", "Check", "Choice", "EchoFactor",
-           "Int", "PathValue", "Real", "Text", "TrainingDevice", "UpstreamSpec"]  # fmt: skip
+__all__ = ["MAX_ECHO_FACTOR", "RUN_LOADER_CHECKS", "TrainingDevice", "UpstreamSpec"]

@@ -5,11 +5,6 @@ Each stage lives in a module named for what it is (``fixed_echo``, ``shuffle_buf
 name only the functions.
 """
 
-import sys
-import types
-import warnings
-
-from dataecho.stages import fixed_echo, shuffle_buffer
 from dataecho.stages.adaptive import AdaptiveEcho, adaptive_echo
 from dataecho.stages.base import Stage, as_node
 from dataecho.stages.copying import copy_item
@@ -18,32 +13,6 @@ from dataecho.stages.fixed_echo import Echo, echo
 from dataecho.stages.shuffle_buffer import Shuffle, shuffle
 from dataecho.stages.stats import EchoStats
 from dataecho.stages.stochastic import StochasticEcho, stochastic_echo
-
-
-class _MovedModule(types.ModuleType):
-    """The old module path of a stage: ``from dataecho.stages.echo import Echo`` keeps working
-    for one release, with a DeprecationWarning that names the new module."""
-
-    def __init__(self, old: str, new: types.ModuleType) -> None:
-        super().__init__(old)
-        self._new = new
-
-    def __getattr__(self, name: str) -> object:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        warnings.warn(
-            f"{self.__name__} is now {self._new.__name__} ({self.__name__} is the function); "
-            "the old module path goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(self._new, name)
-
-
-# Only in sys.modules: as attributes of this package, ``echo`` and ``shuffle`` stay the functions.
-for _old, _new in (("echo", fixed_echo), ("shuffle", shuffle_buffer)):
-    sys.modules.setdefault(f"{__name__}.{_old}", _MovedModule(f"{__name__}.{_old}", _new))
-del _old, _new
 
 __all__ = [
     "AdaptiveEcho",

@@ -130,13 +130,12 @@ class EchoStats:
         return {_state_key(name, self.unit): getattr(self, name) for name in _COUNTERS}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Set the counters ``state`` has (older states may lack some); ``unit`` stays.
+        """Set the counters ``state`` has (the others keep their values); ``unit`` stays.
 
-        Each item counter is read under its unit's name, its neutral name or (states saved
-        before the counters were named by unit) its "examples" name.
+        Each item counter is read under its unit's name or its neutral name.
         """
         for name in _COUNTERS:
-            for key in dict.fromkeys((_state_key(name, self.unit), name, _OLD_KEYS.get(name))):
+            for key in dict.fromkeys((_state_key(name, self.unit), name)):
                 if key in state:
                     setattr(self, name, type(getattr(self, name))(state[key]))
                     break
@@ -159,8 +158,6 @@ _COUNTERS = (
     "stall_seconds",
     "work_seconds",
 )
-# What each item counter was called in a saved state before they were named by unit.
-_OLD_KEYS = {"fresh_items": "fresh_examples", "items_out": "examples_out"}
 
 
 def _state_key(name: str, unit: str) -> str:

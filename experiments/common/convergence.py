@@ -134,14 +134,3 @@ def fresh_batches_to_converge(
         )
         for i, seed in enumerate(seeds)
     ]
-
-
-def __getattr__(name: str):  # noqa: ANN202
-    # ``Trial`` was this class's name under dataecho.algorithms; tuning.Trial is another thing.
-    if name == "Trial":
-        import warnings
-
-        warnings.warn("experiments.common.convergence.Trial is now ConvergenceTrial",
-                      DeprecationWarning, stacklevel=2)  # fmt: skip
-        return ConvergenceTrial
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -496,10 +496,3 @@ def test_plain_flags_are_checked_by_the_shared_rules(args, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2 and capsys.readouterr().err.endswith(f"{message}\n")
-
-
-def test_the_moved_reproduce_command_names_its_new_place(capsys):
-    assert main(["reproduce", "laggard", "--quick"]) == 2
-    err = capsys.readouterr().err
-    assert "dataecho reproduce: error:" in err
-    assert "python -m experiments laggard --quick" in err

@@ -185,7 +185,6 @@ def run_ranks(fn: Any, *args: Any, timeout: float = 100) -> list[Any]:
 
 def _rank(rank: int, settings: dict, fault: tuple | None) -> dict[str, Any]:
     """One rank of a run; with ``fault``, rank 1 signals itself (:class:`SignalAt`)."""
-    import dataecho.app.distributed.loop as loop
     import dataecho.app.train as training
 
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "3"  # a grace of 1 s
@@ -200,7 +199,7 @@ def _rank(rank: int, settings: dict, fault: tuple | None) -> dict[str, Any]:
     lines: list[str] = []
     cfg = config_from(None, settings, defaults={"progress": False})
     try:
-        r = loop.train_distributed(cfg, log=lines.append)
+        r = training.train(cfg, log=lines.append)
     except (KeyboardInterrupt, Terminated) as stop:
         return {"stopped": type(stop).__name__, "lines": lines}
     return {"stopped": None, "lines": lines, "losses": r.losses, "fresh": r.fresh_examples,

@@ -103,13 +103,6 @@ def test_synthetic_step_costs_the_same_work_every_call_and_updates_its_model():
     assert step.measure(8, steps=3, warmup=1) > 0
 
 
-def test_the_earlier_step_name_warns_and_gives_the_synthetic_step():
-    with pytest.warns(DeprecationWarning, match="TrainStep is now benchmarks.common.SyntheticStep"):
-        assert common.TrainStep is common.SyntheticStep
-    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
-        common.NoSuchThing  # noqa: B018
-
-
 def test_every_benchmark_is_a_package_with_a_results_page_linked_from_the_index():
     index = (common.REPO / "docs" / "benchmarks.md").read_text()
     for name, (module, _) in dispatcher.BENCHMARKS.items():

@@ -154,16 +154,14 @@ def test_invalid_arguments_name_the_value_and_the_fix() -> None:
         EchoedNesterov([w], 0.1, k=1, momentum=1.5)
 
 
-def test_the_old_optimizer_name_echo_warns_and_names_echoed_optimizer() -> None:
+def test_echo_is_the_stream_stage_and_the_optimizers_are_echoed() -> None:
     import dataecho
     import dataecho.optim
     from dataecho.stages import Echo as EchoStage
 
-    with pytest.warns(DeprecationWarning, match=r"dataecho\.optim\.EchoedOptimizer"):
-        old = dataecho.optim.Echo
-    assert old is dataecho.optim.EchoedOptimizer and old is not EchoStage
-    assert issubclass(EchoedGD, old)
-    # The package's own Echo is the stream stage, with no warning.
+    assert issubclass(EchoedGD, dataecho.optim.EchoedOptimizer)
+    # The package's own Echo is the stream stage; the optimizers' module has no Echo.
     assert dataecho.Echo is EchoStage
+    assert not hasattr(dataecho.optim, "Echo")
     with pytest.raises(AttributeError, match="no attribute 'Echoed'"):
         _ = dataecho.optim.Echoed

@@ -13,10 +13,8 @@ every run) calls it, :mod:`.rank` and :mod:`.signals` for what only ranks do (st
 
 from __future__ import annotations
 
-from typing import Any
-
 from dataecho.app.distributed.group import GroupInfo, Guard, RankFailure, in_torchrun
-from dataecho.app.distributed.launch import LaunchError, launch_ranks
+from dataecho.app.distributed.launch import LaunchError
 from dataecho.app.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
 
 __all__ = [
@@ -29,24 +27,4 @@ __all__ = [
     "RankFailure",
     "fresh_batches",
     "in_torchrun",
-    "launch",
-    "run_distributed",
 ]
-
-
-def launch(cfg: Any) -> Any:
-    """Run ``cfg`` on ``cfg.nproc`` local ranks (:func:`.launch.launch_ranks`); return rank
-    0's :class:`.result.DistributedResult`."""
-    from dataecho.app.train import train  # here: train imports this package's modules
-
-    return launch_ranks(cfg, train)
-
-
-def run_distributed(cfg: Any, log: Any = print) -> Any:
-    """``train(cfg)`` for a data-parallel run: this rank's part under torchrun, else launch
-    ``cfg.nproc`` local ranks and return rank 0's result."""
-    if in_torchrun():
-        from dataecho.app.distributed.loop import train_distributed
-
-        return train_distributed(cfg, log)
-    return launch(cfg)

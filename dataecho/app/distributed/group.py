@@ -54,7 +54,7 @@ class GroupInfo:
 
 
 def in_torchrun() -> bool:
-    """True inside a process that torchrun (or :func:`dataecho.app.distributed.launch`) started."""
+    """True inside a process that torchrun (or :mod:`dataecho.app.distributed.launch`) started."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -53,17 +52,3 @@ def distributed_result(result: TrainResult, ranks: list[dict[str, float]], *, fr
                 realized_factor=(fresh + echoed) / max(fresh, 1),
                 skipped_records=sum(int(r["skipped_records"]) for r in ranks))  # fmt: skip
     return DistributedResult(**mine, sync=sync, world_size=len(ranks), rank=rank, ranks=ranks)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "RunCounters":  # one counters type now, single-process and data-parallel alike
-        warnings.warn(
-            "dataecho.app.distributed.result.RunCounters moved: use "
-            "dataecho.app.training.record.RunCounters",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from dataecho.app.training.record import RunCounters
-
-        return RunCounters
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
