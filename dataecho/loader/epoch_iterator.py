@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
-from dataecho.loader.pipeline import close_chain
+from dataecho.loader.chains import close_chain
 from dataecho.loader.workers import WorkersNode
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
