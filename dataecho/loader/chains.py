@@ -163,7 +163,7 @@ def echo_stage(
             seed=seed,
             copy=copy,
             # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
-            # make it reuse while fresh examples are on their way, and hold the reader back.
+            # make it reuse while fresh examples are on their way, and hold the reader thread back.
             queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
         )
     return Echo(source, opts.echo_factor, seed=seed, copy=copy, length=length)
@@ -173,7 +173,7 @@ def close_chain(node: Any) -> None:
     """Stop every background part of a chain of nodes, from the consumer's end down."""
     while node is not None:
         if isinstance(node, AdaptiveEcho):
-            # Bounded: its reader may sit in a source call that only the next close unblocks.
+            # Bounded: its reader thread may sit in a source call that only the next close unblocks.
             node.close(timeout=5.0)
         elif hasattr(node, "close"):
             node.close()

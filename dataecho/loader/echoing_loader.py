@@ -362,8 +362,10 @@ class EchoingDataLoader(LoaderCheckpoint):
         """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), its workers
         node, and its counting stage (or None)."""
         opts = self.options
-        workers = WorkersNode(self._inner, self._pipeline, self.stats,
-                              deferred=counts_deferred(opts), persistent=self._persistent)  # fmt: skip
+        workers = WorkersNode(
+            self._inner, self._pipeline, self.stats,
+            deferred=counts_deferred(opts), persistent=self._persistent,
+        )  # fmt: skip
         epoch = self._epoch
         root, counting = batch_stages(
             workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, stage),
