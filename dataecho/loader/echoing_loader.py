@@ -11,7 +11,9 @@ Workers, prefetching and their checkpoints come from ``torchdata``'s ``StatefulD
 each worker runs a :mod:`dataecho.loader.pipeline` (read, echo, shuffle, augment, batch) and
 batch echoing runs in the main process on the batches the workers deliver: on the host
 (``where="batch"``) or on the training device after one copy there (``where="device"``, see
-:mod:`dataecho.loader.device`).
+:mod:`dataecho.loader.device`). Each ``where``'s stages, on both sides, are put in order by
+:mod:`dataecho.loader.chains`; the inner loader is set up by :mod:`dataecho.loader.inner`, and
+the checkpoint is :mod:`dataecho.loader.checkpointing`'s.
 """
 
 from __future__ import annotations
