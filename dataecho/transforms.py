@@ -179,13 +179,13 @@ def _explain(transform: Transform, sample: Any, err: BaseException) -> str:
         shape = f"an (input, target) {type(sample).__name__} sample"
     return (
         f"transform {name} raised {type(err).__name__} ({err}) on a sample of type "
-        f"{type(sample).__name__}: {_structure(sample)}. The loader calls the transform on "
+        f"{type(sample).__name__}: {_describe(sample)}. The loader calls the transform on "
         f"the whole sample; if {name} takes the input alone (as torchvision transforms do), "
         f"apply it to the input of {shape} only: {fix}"
     )
 
 
-def _structure(x: Any, depth: int = 0) -> str:
+def _describe(x: Any, depth: int = 0) -> str:
     """A short description of a sample: containers opened one level, leaves by type/shape."""
     if isinstance(x, torch.Tensor):
         return f"Tensor{list(x.shape)} {str(x.dtype).removeprefix('torch.')}"
@@ -194,11 +194,11 @@ def _structure(x: Any, depth: int = 0) -> str:
     if depth > 0 and isinstance(x, (tuple, list, Mapping)):
         return f"{type(x).__name__} of {len(x)}"
     if isinstance(x, Mapping):
-        items = [f"{k!r}: {_structure(v, depth + 1)}" for k, v in list(x.items())[:8]]
+        items = [f"{k!r}: {_describe(v, depth + 1)}" for k, v in list(x.items())[:8]]
         more = ", ..." if len(x) > 8 else ""
         return "{" + ", ".join(items) + more + "}"
     if isinstance(x, (tuple, list)):
-        items = [_structure(v, depth + 1) for v in x[:8]]
+        items = [_describe(v, depth + 1) for v in x[:8]]
         more = f", ... ({len(x)} items)" if len(x) > 8 else ""
         body = ", ".join(items) + more
         return f"[{body}]" if isinstance(x, list) else f"({body})"

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
-from dataecho._structure import map_tensors
+from dataecho._structure import map_tensors, tensors
 from dataecho.loader.options import check_takes_generator
 from dataecho.stages import EchoStats, copy_item
 
@@ -55,13 +55,6 @@ def resolve_device(name: str) -> torch.device:
         if device.index is None:  # the one "cuda" means now, as tensors on it will name it
             device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def tensors_of(batch: Any) -> list[torch.Tensor]:
-    """The tensors in ``batch``, in order."""
-    found: list[torch.Tensor] = []
-    map_tensors(batch, lambda t: found.append(t) or t)
-    return found
 
 
 def to_host(state: Any) -> Any:
@@ -173,7 +166,7 @@ class ToDevice(BaseNode[Any]):
             stream.wait_event(flight.landed)  # the GPU waits for the copy, not the host
         else:
             flight.landed.synchronize()  # a reader thread: arrived once it is on the device
-        for t in tensors_of(flight.batch):
+        for t in tensors(flight.batch):
             if t.device.type == "cuda":
                 t.record_stream(stream)  # freed only once the training stream is done with it
         return flight.batch

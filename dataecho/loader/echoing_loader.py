@@ -11,57 +11,42 @@ Workers, prefetching and their checkpoints come from ``torchdata``'s ``StatefulD
 each worker runs a :mod:`dataecho.loader.pipeline` (read, echo, shuffle, augment, batch) and
 batch echoing runs in the main process on the batches the workers deliver: on the host
 (``where="batch"``) or on the training device after one copy there (``where="device"``, see
-:mod:`dataecho.loader.device`).
+:mod:`dataecho.loader.device`). Each ``where``'s stages, on both sides, are put in order by
+:mod:`dataecho.loader.chains`; the inner loader is set up by :mod:`dataecho.loader.inner`, and
+the checkpoint is :mod:`dataecho.loader.checkpointing`'s.
 """
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Sampler, default_collate
 from torchdata.nodes import BaseNode
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
+from dataecho.loader.chains import MAIN_PROCESS, batch_stages, close_chain, counts_deferred
+from dataecho.loader.checkpointing import LoaderCheckpoint
 from dataecho.loader.dataset_transform import warn_identical_copies
-from dataecho.loader.device import DeviceTransform, ToDevice, resolve_device
+from dataecho.loader.device import resolve_device
 from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
+from dataecho.loader.inner import inner_loader, prefetch_depth
 from dataecho.loader.length import epoch_batches, fresh_batches
-from dataecho.loader.lifetime import DieWithParent
 from dataecho.loader.options import (
     MAX_PREFETCH_FACTOR,
     LoaderOptions,
     check_dataloader_arguments,
     check_options_alone,
-    default_prefetch,
 )
-from dataecho.loader.pipeline import (
-    MAIN_PROCESS,
-    PipelineDataset,
-    close_chain,
-    echo_stage,
-    unwrap_identity,
-)
-from dataecho.loader.reading import data_parallel_rank, is_map_style, is_stateful
-from dataecho.loader.snapshots import snapshot_interval
+from dataecho.loader.pipeline import PipelineDataset
 from dataecho.loader.workers import PersistentWorkers, WorkersNode
-from dataecho.stages import EchoStats, MixExamples, Shuffle
-from dataecho.stages.seeds import (
-    STAGE_ECHO,
-    STAGE_MIX,
-    STAGE_SHUFFLE,
-    STAGE_TRANSFORM,
-    derive_seed,
-    resolve_seed,
-)
+from dataecho.stages import EchoStats
+from dataecho.stages.seeds import derive_seed, resolve_seed
 
 
-class EchoingDataLoader:
+class EchoingDataLoader(LoaderCheckpoint):
     """``torch.utils.data.DataLoader`` with data echoing; see the module docstring.
 
     The DataLoader arguments mean what they mean there; the echo arguments are keyword-only.
@@ -213,41 +198,20 @@ class EchoingDataLoader:
         self.seed = resolve_seed(_validate.seed(seed))
         self.stats = EchoStats()
         opts = self.options
-        if prefetch_factor is None and self.num_workers:
-            prefetch_factor = default_prefetch(opts)
-        self.prefetch_factor = prefetch_factor
-        if snapshot_every_n_steps is None:
-            snapshot_every_n_steps = snapshot_interval(opts, self.num_workers, prefetch_factor)
         # where="device": the device batches are echoed on (checked here, where it must exist).
         self._device = resolve_device(opts.device) if opts.where == "device" else None
-        # The copies to CUDA read pinned memory, pinned by the inner loader's own thread.
-        pin = pin_memory or (self._device is not None and self._device.type == "cuda")
         self._pipeline = PipelineDataset(
             dataset, opts, self.collate_fn, persistent_workers=self.persistent_workers
         )
-        # Pinning happens before our main-process code sees a batch: keep tensors for it.
-        self._pipeline.pipe_small_batches = not pin
-        with warnings.catch_warnings():
-            # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
-            warnings.filterwarnings("ignore", message=".*set_vital.*")
-            self._inner = StatefulDataLoader(
-                self._pipeline,
-                batch_size=None,
-                num_workers=self.num_workers,
-                collate_fn=unwrap_identity,
-                pin_memory=pin,
-                timeout=timeout,
-                worker_init_fn=DieWithParent(worker_init_fn),
-                multiprocessing_context=multiprocessing_context,
-                # The workers' base seed comes from the pipeline seed, not from torch's global
-                # RNG, which belongs to the training loop.
-                generator=torch.Generator().manual_seed(self.seed),
-                prefetch_factor=prefetch_factor,
-                pin_memory_device=pin_memory_device,
-                in_order=in_order,
-                snapshot_every_n_steps=snapshot_every_n_steps,
-                persistent_workers=self.persistent_workers,
-            )
+        self.prefetch_factor = prefetch_depth(self._pipeline, self.num_workers, prefetch_factor)
+        self._inner = inner_loader(
+            self._pipeline, num_workers=self.num_workers, seed=self.seed,
+            prefetch_factor=self.prefetch_factor, snapshot_every_n_steps=snapshot_every_n_steps,
+            pin_memory=pin_memory, device=self._device,
+            persistent_workers=self.persistent_workers, worker_init_fn=worker_init_fn,
+            timeout=timeout, multiprocessing_context=multiprocessing_context,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )  # fmt: skip
         # persistent_workers: the workers, held here and by each epoch's chain.
         self._persistent = (
             PersistentWorkers(self._inner, self._pipeline.fields)
@@ -342,23 +306,6 @@ class EchoingDataLoader:
         if self._persistent is not None:
             self._persistent.stop()
 
-    def _live_position(self) -> dict[str, Any] | None:
-        """The epoch in progress (live or dropped mid-epoch): its root's state and the batches
-        handed out; else None."""
-        it = self._iterator
-        if it is not None and it.started:
-            return None if it.finished else it.position()
-        return self._dropped
-
-    def _keep_dropped(self, position: dict[str, Any]) -> None:
-        self._dropped = position
-
-    def _ended_at(self, yielded: int) -> bool:
-        """Whether ``yielded`` batches are a whole epoch, known where ``len`` is exact (a
-        map-style dataset at a fixed factor); elsewhere only its end tells."""
-        exact = is_map_style(self.dataset) and not self.options.adaptive
-        return exact and yielded >= len(self)
-
     def __iter__(self) -> Iterator[Any]:
         """An iterator over the next epoch (or the resumed one). The epoch starts at its first
         ``next()``: an iterator made and dropped unused (as frameworks do to check that a loader
@@ -370,8 +317,9 @@ class EchoingDataLoader:
         return it
 
     def _start_epoch(self) -> EpochStart:
-        """Start the epoch: its chain, workers node, the stage that counts fresh batches handed
-        out (or None), its count so far, and a first batch already taken (a resumed one)."""
+        """Start the epoch: its chain, workers node, counting stage (whose fresh batches count
+        once handed on, or None), its count so far, and a first batch already taken (a resumed
+        one)."""
         if not self._checked_copies:
             self._checked_copies = True
             warn_identical_copies(self.dataset, self.options)
@@ -381,13 +329,14 @@ class EchoingDataLoader:
         must_end = asked == self._epoch + 1
         if resume is None:
             self._epoch += 1
-        self._prepare_epoch(resume)
-        root, workers, reader = self._build_root()
+        saved = resume.get("indices") if resume is not None else None
+        self._pipeline.fields.prepare(self._epoch, self.seed, self.sampler, saved)
+        root, workers, counting = self._build_root()
         root.reset(resume["root"] if resume else None)
-        settled = reader.stats.fresh_items if reader is not None else 0
-        workers.replaying(getattr(reader, "replayed_reads", 0))  # an adaptive reader's resume
+        settled = counting.stats.fresh_items if counting is not None else 0
+        workers.replaying(getattr(counting, "replayed_reads", 0))  # an adaptive stage's resume
         if resume is None:
-            return EpochStart(root, workers, reader, settled, [])
+            return EpochStart(root, workers, counting, settled, [])
         try:
             first = next(root)
         except StopIteration:
@@ -409,129 +358,22 @@ class EchoingDataLoader:
                 f"{self._epoch} has batches of that epoch left: call "
                 f"set_epoch({self._epoch}) to finish it first"
             )
-        return EpochStart(root, workers, reader, settled, [first], resume["yielded"])
+        return EpochStart(root, workers, counting, settled, [first], resume["yielded"])
 
-    def _prepare_epoch(self, resume: dict[str, Any] | None) -> None:
-        """Hand the pipeline this epoch's seed, rank and (with a sampler) read order."""
-        fields = self._pipeline.fields
-        fields.epoch, fields.seed = self._epoch, self.seed
-        rank, world = data_parallel_rank()
-        # A sampler already chose this rank's share: the ranks keep their own seeds, but the
-        # loader does not split the data a second time.
-        fields.rank, fields.world = (rank, 1) if self.sampler is not None else (rank, world)
-        if self.sampler is None:
-            fields.indices = None
-        elif resume is not None and resume.get("indices") is not None:
-            fields.indices = resume["indices"].numpy()  # the order the checkpoint was read in
-        else:
-            fields.indices = np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
-
-    def _build_root(self) -> tuple[BaseNode[Any], WorkersNode, Any]:
-        """The main-process chain, its workers node, and the stage whose fresh batches count
-        once handed on (one reading ahead of the consumer), else None."""
+    def _build_root(self) -> tuple[BaseNode[Any], WorkersNode, BaseNode[Any] | None]:
+        """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), its workers
+        node, and its counting stage (or None)."""
         opts = self.options
-        if opts.where == "device":
-            return self._build_device_root()
-        batch_auto = opts.where == "batch" and opts.adaptive
-        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=batch_auto,
-                              persistent=self._persistent)  # fmt: skip
-        if opts.where != "batch":
-            return workers, workers, None
-        node: BaseNode[Any] = workers
-        key = (self._epoch, MAIN_PROCESS)
-        if opts.echoes:
-            node = self._batch_echo(node, key)
-        reader = node if batch_auto else None
-        if opts.shuffle_buffer > 1:
-            node = Shuffle(
-                node, opts.shuffle_buffer, seed=derive_seed(self.seed, *key, STAGE_SHUFFLE)
-            )
-        return node, workers, reader
-
-    def _build_device_root(self) -> tuple[BaseNode[Any], WorkersNode, Any]:
-        """workers -> to the device -> echo stage -> example mixing -> device_transform on each
-        copy."""
-        opts, device = self.options, self._device
-        assert device is not None
-        # Fresh batches may be read ahead of the consumer (the next copy in flight, or "auto"'s
-        # reader): their examples count once a stage hands them on.
-        workers = WorkersNode(self._inner, self._pipeline, self.stats, deferred=True,
-                              persistent=self._persistent)  # fmt: skip
-        key = (self._epoch, MAIN_PROCESS)
-        node: BaseNode[Any] = ToDevice(workers, device, ahead=self._copies_ahead())
-        reader = node
-        if opts.echoes:
-            node = reader = self._batch_echo(node, key)
-        if opts.shuffle_buffer > 1:  # the copies' examples spread over the batches that follow
-            seed = derive_seed(self.seed, *key, STAGE_MIX)
-            node = MixExamples(node, opts.shuffle_buffer, seed=seed, device=device)
-        seed = derive_seed(self.seed, *key, STAGE_TRANSFORM)
-        return DeviceTransform(node, device, opts.device_transform, seed=seed), workers, reader
-
-    def _batch_echo(self, source: BaseNode[Any], key: tuple[int, int]) -> BaseNode[Any]:
-        """The main process's echo stage over the fresh batches, told how many the workers
-        deliver this epoch, so a fractional factor gives a fixed number of them an extra copy
-        (and the epoch the ``len`` says)."""
-        seed = derive_seed(self.seed, *key, STAGE_ECHO)
-        return echo_stage(source, self.options, seed, length=fresh_batches(self))
-
-    def _copies_ahead(self) -> bool:
-        """Whether the device chain keeps the next fresh batch's copy in flight: on CUDA, with
-        a fixed factor ("auto" reads on its own thread, which overlaps the copies already)."""
-        return (
-            self._device is not None and self._device.type == "cuda" and not self.options.adaptive
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly here: epoch, pipeline positions, RNGs, counts.
-
-        ``"next_epoch"`` is the epoch the next ``iter()`` after loading it runs: ``"epoch"``
-        while batches of it are left, ``"epoch" + 1`` once its last batch was handed out and
-        that is known (see docs/faults-and-resume.md). Between epochs it holds the dataset's
-        own state, if it keeps one."""
-        if self._resume is not None:  # loaded but not yet iterated: hand the same state on
-            return {**self._resume, "stats": self.stats.state_dict()}
-        position = self._live_position()
-        live = position is not None
-        ended = not live or self._ended_at(position["yielded"])
-        state: dict[str, Any] = {
-            "epoch": self._epoch,
-            "next_epoch": self._epoch + 1 if ended else self._epoch,
-            "seed": self.seed,
-            "root": position["root"] if live else None,
-            "yielded": position["yielded"] if live else 0,
-            "stats": self.stats.state_dict(),
-        }
-        indices = self._pipeline.fields.indices if live else None  # a copy
-        if indices is not None:
-            state["indices"] = torch.from_numpy(indices)
-        if not live and is_stateful(self.dataset) and is_map_style(self.dataset):
-            # Between epochs, a map-style dataset's own state (a cache, counters) is kept. An
-            # iterable one's is a position in the pass just finished, which would make the
-            # next pass empty: its next iter() starts anew, as without a checkpoint.
-            state["dataset"] = self.dataset.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; the next ``iter()`` continues where it stopped.
-
-        The loader is then exactly as ``state`` says: an iterator still live ends (its
-        ``next()`` raises ``RuntimeError``, as after a newer ``iter()``) and a position kept
-        from a dropped one is forgotten."""
-        it = self._iterator
-        if it is not None:
-            it.supersede()  # stops its workers too
-        if self._persistent is not None:  # kept workers hold the old position: new ones resume
-            self._persistent.stop()
-        self._current, self._dropped = None, None
-        self.seed = int(state["seed"])
-        self.stats.load_state_dict(state["stats"])
-        self._epoch = int(state["epoch"])
-        self._resume = state if state["root"] is not None else None
-        self._resume_asked = None
-        if state.get("dataset") is not None:
-            # Restored now, before iter(), so that a call made between (a set_epoch) applies.
-            self.dataset.load_state_dict(state["dataset"])
+        workers = WorkersNode(
+            self._inner, self._pipeline, self.stats,
+            deferred=counts_deferred(opts), persistent=self._persistent,
+        )  # fmt: skip
+        epoch = self._epoch
+        root, counting = batch_stages(
+            workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, stage),
+            device=self._device, fresh_batches=lambda: fresh_batches(self),
+        )  # fmt: skip
+        return root, workers, counting
 
     def close(self) -> None:
         """Stop the workers now: done at the end of each epoch too, except with

@@ -15,8 +15,12 @@ counts the buffers made, so the loader starts its workers anew when it changed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
+
+from dataecho.loader.reading import data_parallel_rank
 
 _EPOCH, _SEED, _RANK, _WORLD, _LENGTH = range(5)
 _NO_ORDER = -1  # the order's length without a sampler
@@ -86,3 +90,18 @@ class EpochFields:
             self.generation += 1
         self._order.numpy()[: len(order)] = order
         self._header[_LENGTH] = len(order)
+
+    def prepare(self, epoch: int, seed: int, sampler: Any, saved: torch.Tensor | None) -> None:
+        """Set epoch ``epoch``'s fields: its seed, this process's rank and (with a sampler) the
+        read order: ``saved``, the order a checkpoint was read in, else the sampler's now."""
+        self.epoch, self.seed = epoch, seed
+        rank, world = data_parallel_rank()
+        # A sampler already chose this rank's share: the ranks keep their own seeds, but the
+        # loader does not split the data a second time.
+        self.rank, self.world = (rank, 1) if sampler is not None else (rank, world)
+        if sampler is None:
+            self.indices = None
+        elif saved is not None:
+            self.indices = saved.numpy()
+        else:
+            self.indices = np.fromiter((int(i) for i in sampler), dtype=np.int64)

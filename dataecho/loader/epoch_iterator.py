@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
-from dataecho.loader.pipeline import close_chain
+from dataecho.loader.chains import close_chain
 from dataecho.loader.workers import WorkersNode
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
@@ -38,8 +38,8 @@ class EpochStart(NamedTuple):
 
     root: BaseNode[Any]
     workers: WorkersNode
-    reader: Any  # the stage whose fresh batches count once handed on (see WorkersNode), or None
-    settled: int  # the reader's fresh batches already counted (a resumed epoch's)
+    counting: Any  # the stage whose fresh batches count once handed on (see WorkersNode), or None
+    settled: int  # the counting stage's fresh batches already counted (a resumed epoch's)
     first: list[Any]  # a first batch already taken (a resumed epoch's), or none
     yielded: int = 0  # batches of this epoch handed out before (a resumed epoch's)
 
@@ -67,7 +67,7 @@ class EpochIterator:
         self._start: Callable[[], Any] | None = start
         self._first: list[Any] = []
         self._workers: WorkersNode | None = None
-        self._reader: Any = None  # the adaptive stage whose fresh emissions settle the counts
+        self._counting: Any = None  # the stage whose fresh emissions settle the counts
         self._settled = 0
         self.yielded = 0  # batches of this epoch handed out, a resumed epoch's earlier ones too
         self._on_drop = on_drop
@@ -96,7 +96,8 @@ class EpochIterator:
             if self._start is not None:
                 begin, self._start = self._start, None
                 epoch = begin()
-                self.root, self._workers, self._reader = epoch.root, epoch.workers, epoch.reader
+                self.root, self._workers = epoch.root, epoch.workers
+                self._counting = epoch.counting
                 self._settled, self._first = epoch.settled, epoch.first
                 self.yielded = epoch.yielded
             batch = self._first.pop() if self._first else next(self.root)
@@ -114,8 +115,8 @@ class EpochIterator:
             worked = self._work_seconds() - worked
             stats.wait_seconds += time.perf_counter() - start - worked
             stats.work_seconds += worked
-        if self._reader is not None:
-            handed = self._reader.stats.fresh_items
+        if self._counting is not None:
+            handed = self._counting.stats.fresh_items
             self._workers.settle(handed - self._settled)
             self._settled = handed
         stats.batches += 1

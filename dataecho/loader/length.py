@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dataecho.loader.options import LoaderOptions
-from dataecho.loader.reading import data_parallel_rank, is_map_style, reader_share
+from dataecho.loader.reading import data_parallel_rank, is_map_style, reader_index, reader_share
 from dataecho.stages.fixed_echo import epoch_copies, known_length
 
 
@@ -45,12 +45,12 @@ def _shares(loader: Any) -> list[int] | None:
         return [len(range(w, n, workers)) for w in range(workers)]
     rank, world = data_parallel_rank()
     order = np.arange(len(dataset))  # the sizes of the shares do not depend on the order
+    readers = world * workers
     return [
-        len(
-            reader_share(order, reader=rank * workers + w, readers=world * workers, equal=world > 1)
-        )
+        len(reader_share(order, index=reader_index(rank, w, workers), readers=readers,
+                         equal=world > 1))
         for w in range(workers)
-    ]
+    ]  # fmt: skip
 
 
 def fresh_batches(loader: Any) -> int | None:

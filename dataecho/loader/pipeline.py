@@ -1,5 +1,5 @@
-"""The per-worker pipeline: read -> [echo, shuffle, transform in the chosen order] -> batch
--> batch_transform.
+"""The per-worker pipeline: read -> [echo, shuffle, transform in the order ``where`` gives
+them (:mod:`dataecho.loader.chains`)] -> batch -> batch_transform.
 
 With ``where="before_augment"`` and no ``transform=`` or ``batch_transform=``, a dataset that
 augments in ``__getitem__`` (a torchvision transform attribute, a Hugging Face
@@ -18,39 +18,30 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset, default_collate, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.nodes import BaseNode, Batcher, Mapper
 
+from dataecho.loader.chains import close_chain, example_stages
 from dataecho.loader.dataset_transform import find_transform, lifts
 from dataecho.loader.delivery import Delivery
 from dataecho.loader.epoch_fields import EpochFields
 from dataecho.loader.options import LoaderOptions
-from dataecho.loader.read_ahead import read_ahead, stop_read_ahead
+from dataecho.loader.read_ahead import read_ahead
 from dataecho.loader.reading import (
     IndexedReader,
     IterableReader,
     Tagged,
     epoch_order,
     is_map_style,
+    reader_index,
     reader_share,
 )
 from dataecho.loader.rng_scope import RngScope
 from dataecho.loader.snapshots import send_once
 from dataecho.loader.transport import to_wire
-from dataecho.stages import Echo, Shuffle
-from dataecho.stages.adaptive import AdaptiveEcho
 from dataecho.stages.fixed_echo import known_length
-from dataecho.stages.seeds import (
-    STAGE_ECHO,
-    STAGE_ORDER,
-    STAGE_SHUFFLE,
-    STAGE_TRANSFORM,
-    derive_seed,
-)
+from dataecho.stages.seeds import STAGE_ORDER, STAGE_TRANSFORM, derive_seed
 from dataecho.transforms import guard_transform
-
-# The main process's key among the worker ids: batch echoing draws its seeds there.
-MAIN_PROCESS = 1 << 20
 
 
 class PipelineDataset(IterableDataset):
@@ -105,23 +96,13 @@ def read_indices(
     epoch = fields.epoch if epoch is None else epoch
     indices = fields.indices
     if indices is not None:  # the sampler decided, this rank's share included
-        return reader_share(indices, reader=worker, readers=num_workers, equal=False)
+        return reader_share(indices, index=worker, readers=num_workers, equal=False)
     shuffle = owner.options.shuffle
     order_seed = derive_seed(fields.seed, epoch, STAGE_ORDER) if shuffle else None
     order = epoch_order(len(owner.dataset), order_seed)
     readers = fields.world * num_workers
-    reader = fields.rank * num_workers + worker
-    return reader_share(order, reader=reader, readers=readers, equal=fields.world > 1)
-
-
-class OnItem:
-    """``(read_number, item) -> (read_number, fn(item))``: the user's function sees the item."""
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, tagged: tuple[int, Any]) -> tuple[int, Any]:
-        return tagged[0], self.fn(tagged[1])
+    index = reader_index(fields.rank, worker, num_workers)
+    return reader_share(order, index=index, readers=readers, equal=fields.world > 1)
 
 
 class PipelineIterator:
@@ -133,9 +114,9 @@ class PipelineIterator:
         opts, fields = owner.options, owner.fields
         # Each reader of a data-parallel run (rank x worker) draws its own echo, shuffle and
         # augmentation randomness; a single process keeps the plain worker id.
-        reader = fields.rank * num_workers + worker
+        index = reader_index(fields.rank, worker, num_workers)
         pipeline_seed, epoch = fields.seed, fields.epoch
-        seed = lambda stage: derive_seed(pipeline_seed, epoch, reader, stage)  # noqa: E731
+        seed = lambda stage: derive_seed(pipeline_seed, epoch, index, stage)  # noqa: E731
 
         # The dataset's own transform, if it has one known there, runs on each copy instead.
         lifted = find_transform(owner.dataset) if lifts(opts) else None
@@ -159,24 +140,8 @@ class PipelineIterator:
             # its part of the whole's extra copies, and their total varies a little.
             share = known_length(dataset)
         node: BaseNode[Any] = Tagged(read_ahead(source, opts.read_ahead))
-
-        def transform(n: BaseNode[Any]) -> BaseNode[Any]:
-            return n if per_example is None else Mapper(n, OnItem(per_example))
-
-        def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
-            if opts.echoes:
-                copy = copies_can_alias(opts, owner.collate_fn, per_example is not None)
-                n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=share)
-            if opts.shuffle_buffer > 1:
-                n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
-            return n
-
-        if opts.where == "before_augment":
-            node = transform(echo_and_shuffle(node))
-        elif opts.where == "after_augment":
-            node = echo_and_shuffle(transform(node))
-        else:  # "batch" or "device": whole batches are echoed in the main process
-            node = transform(node)
+        node = example_stages(node, opts, seed, per_example=per_example,
+                              collate_fn=owner.collate_fn, length=share)  # fmt: skip
         self._delivery = Delivery(
             Batcher(node, opts.batch_size, drop_last=False),
             opts.batch_size,
@@ -205,62 +170,6 @@ class PipelineIterator:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.root.reset(state["root"])
         self._rng.load_state_dict(state["rng"])
-
-
-def copies_can_alias(
-    opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any], transforms_examples: bool
-) -> bool:
-    """Whether example copies must be separate objects (``opts.copy`` asks for it).
-
-    Only a per-example transform after the echo stage (``transforms_examples``: the user's or
-    the dataset's) or a custom collate can see two copies as one object: ``default_collate``
-    stacks tensors and arrays into new memory (and keeps only immutable str/bytes as they
-    are), so without those the copy would be a wasted memcpy.
-    """
-    downstream_transform = opts.where == "before_augment" and transforms_examples
-    return opts.copy and (downstream_transform or collate_fn is not default_collate)
-
-
-def echo_stage(
-    source: BaseNode[Any],
-    opts: LoaderOptions,
-    seed: int,
-    *,
-    copy: bool | None = None,
-    length: int | None = None,
-) -> BaseNode[Any]:
-    """The echo stage the options ask for: fixed factor, or adaptive for "auto".
-
-    ``copy``: whether copies are separate objects (default: ``opts.copy``). ``length``: the
-    items ``source`` delivers in the epoch, so that a fractional factor gives exactly its share
-    of extra copies (see :mod:`dataecho.stages.fixed_echo`); "auto" needs none.
-    """
-    copy = opts.copy if copy is None else copy
-    if opts.adaptive:
-        return AdaptiveEcho(
-            source,
-            max_factor=opts.max_echo_factor,
-            buffer_size=opts.reuse_buffer,
-            policy=opts.reuse_policy,
-            seed=seed,
-            copy=copy,
-            # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
-            # make it reuse while fresh examples are on their way, and hold the reader back.
-            queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
-        )
-    return Echo(source, opts.echo_factor, seed=seed, copy=copy, length=length)
-
-
-def close_chain(node: Any) -> None:
-    """Stop every background part of a chain of nodes, from the consumer's end down."""
-    while node is not None:
-        if isinstance(node, AdaptiveEcho):
-            # Bounded: its reader may sit in a source call that only the next close unblocks.
-            node.close(timeout=5.0)
-        elif hasattr(node, "close"):
-            node.close()
-        stop_read_ahead(node)
-        node = getattr(node, "source", None)
 
 
 def unwrap_identity(item: Any) -> Any:

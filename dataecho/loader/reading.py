@@ -54,12 +54,18 @@ def is_map_style(dataset: Any) -> bool:
     )
 
 
-def reader_share(order: np.ndarray, *, reader: int, readers: int, equal: bool) -> np.ndarray:
-    """The indices of ``order`` that reader ``reader`` of ``readers`` reads (a stride);
+def reader_index(rank: int, worker: int, num_workers: int) -> int:
+    """Which of a data-parallel run's ``world * num_workers`` readers worker ``worker`` of rank
+    ``rank`` is: the stride it reads (:func:`reader_share`) and the key its seeds derive from."""
+    return rank * num_workers + worker
+
+
+def reader_share(order: np.ndarray, *, index: int, readers: int, equal: bool) -> np.ndarray:
+    """The indices of ``order`` that reader number ``index`` of ``readers`` reads (a stride);
     ``equal`` cuts the order to a multiple of ``readers`` first (equal shares for ranks)."""
     if equal and readers > 1:
         order = order[: len(order) - len(order) % readers]
-    return order[reader::readers]
+    return order[index::readers]
 
 
 def epoch_order(n: int, order_seed: int | None) -> np.ndarray:

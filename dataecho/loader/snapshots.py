@@ -82,7 +82,9 @@ def _received(tensor: torch.Tensor) -> torch.Tensor:
 def send_once(state: Any) -> Any:
     """``state`` with its tensors of :data:`SEND_ONCE_BYTES` or more wrapped in ``_SendOnce``.
 
-    Only for a state that a worker process hands to the loader's result queue.
+    Only for a state that a worker process hands to the loader's result queue. It opens only
+    plain dicts and lists, the containers of a node state, and keeps every other object as it
+    is (not :mod:`dataecho._structure`'s walk, which rebuilds tuples and dict subclasses).
     """
     if isinstance(state, torch.Tensor):
         big = state.numel() * state.element_size() >= SEND_ONCE_BYTES

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataecho._structure import map_tensors, rebuild
+from dataecho._structure import map_tensors, rebuild, tensors
 
 PIPE_LIMIT = 512 * 1024  # bytes of tensor data per batch sent pickled through the pipe
 
@@ -58,13 +58,7 @@ def _plain(t: torch.Tensor) -> bool:
 
 
 def _tensor_bytes(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.numel() * batch.element_size()
-    if isinstance(batch, (tuple, list)):
-        return sum(_tensor_bytes(x) for x in batch)
-    if isinstance(batch, dict):
-        return sum(_tensor_bytes(x) for x in batch.values())
-    return 0
+    return sum(t.numel() * t.element_size() for t in tensors(batch))
 
 
 def _map_piped(batch: Any) -> Any:

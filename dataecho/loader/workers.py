@@ -73,7 +73,7 @@ class WorkersNode(BaseNode[Any]):
 
     With ``deferred``, an adaptive stage's reader thread pulls batches ahead of the consumer:
     their fresh counts wait in ``pending`` until :meth:`settle` is told those batches reached it.
-    A resumed reader may first read again batches handed on before the checkpoint (see
+    A resumed reader thread may first read again batches handed on before the checkpoint (see
     :meth:`replaying`): counted then, they are dropped uncounted.
     With ``persistent`` (the loader's :class:`PersistentWorkers`), the workers outlive the
     epoch; a failure in it stops them.
@@ -144,7 +144,7 @@ class WorkersNode(BaseNode[Any]):
 
     def replaying(self, reads: int) -> None:
         """The first ``reads`` batches read since the reset are read again, not handed on: a
-        resumed reader reads from its last saved position past the batches it had handed on
+        resumed reader thread reads from its last saved position past the batches it had handed on
         (their fresh examples counted before the checkpoint)."""
         self._replays = reads
 
@@ -152,7 +152,8 @@ class WorkersNode(BaseNode[Any]):
         """``batches`` more read-ahead batches reached the consumer: count their fresh
         examples, after dropping the replayed ones read before them."""
         for _ in range(batches):
-            # Only once a batch after them is handed on: the reader has read them all by then.
+            # Only once a batch after them is handed on: the reader thread has read them all
+            # by then.
             while self._replays:
                 self.pending.popleft()
                 self._replays -= 1

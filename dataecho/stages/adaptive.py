@@ -1,6 +1,7 @@
 """Adaptive echoing: echo only while fresh data is late.
 
-A background thread reads ``source`` into a bounded queue and blocks only when it is full, so
+A background thread (:class:`~dataecho.stages.background.BackgroundReader`, the loader's
+read-ahead thread too) reads ``source`` into a bounded queue and blocks only when it is full, so
 echoing never slows upstream. ``next()`` returns a fresh item when one is ready; otherwise it
 re-emits one of the last ``buffer_size`` fresh items rather than wait. No item is emitted more
 than ``max_factor`` times (the fresh emission counts); when nothing may be reused the consumer
@@ -40,17 +41,14 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import math
 import queue
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from torchdata.nodes import BaseNode
-
 from dataecho import _validate
+from dataecho.stages.background import END, ERROR, BackgroundReader
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item
 from dataecho.stages.packing import pack, unpack
@@ -61,66 +59,9 @@ T = TypeVar("T")
 
 POLICIES = ("latest", "uniform", "fewest")
 THREAD_PREFIX = "dataecho-adaptive"
-_POLL_S = 0.1  # how often a blocked put/get rechecks for shutdown; only a safety net
 # Items between two anchors: a state_dict() per item is a visible share of a fast reader's time
 # per item (a shard reader's, say); one per 32 items is not, and a resume re-reads at most 31.
 ANCHOR_EVERY = 32
-_END, _ERROR = object(), object()  # queue markers: source exhausted / source raised
-_thread_ids = itertools.count()
-
-
-class _Producer:
-    """The reader thread. It holds no reference to the stage, so dropping the stage stops it."""
-
-    def __init__(self, source: BaseNode[Any], queue_size: int, skip: int = 0) -> None:
-        self.source = source
-        self.skip = skip  # items already emitted past the restored anchor: read, not queued
-        self.queue: queue.Queue[tuple[Any, Any]] = queue.Queue(maxsize=queue_size)
-        self.stopping = threading.Event()
-        name = f"{THREAD_PREFIX}-{next(_thread_ids)}"
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        read = 0
-        while True:
-            try:
-                item = next(self.source)
-                read += 1
-                if read <= self.skip:
-                    continue
-                # The anchor is the state *after* this item; None between anchors.
-                anchor = self.source.state_dict() if read % ANCHOR_EVERY == 0 else None
-                entry = (item, anchor)
-            except StopIteration:
-                entry = (_END, None)
-            except BaseException as exc:  # every failure belongs to the consumer
-                entry = (_ERROR, exc)
-            if entry[0] is _END:
-                try:  # the end's own state: a loader's says "next epoch"
-                    entry = (_END, self.source.state_dict())
-                except BaseException as exc:
-                    entry = (_ERROR, exc)
-            while not self.stopping.is_set():  # blocks only while the queue is full
-                try:
-                    self.queue.put(entry, timeout=_POLL_S)
-                    break
-                except queue.Full:
-                    pass
-            if self.stopping.is_set() or entry[0] is _END or entry[0] is _ERROR:
-                return
-
-    def stop(self, timeout: float | None) -> bool:
-        """Ask the thread to stop and wait up to ``timeout``; True once it has exited."""
-        self.stopping.set()
-        try:  # emptying the queue wakes a thread blocked on put right away
-            while True:
-                self.queue.get_nowait()
-        except queue.Empty:
-            pass
-        if threading.current_thread() is not self.thread:
-            self.thread.join(timeout)
-        return not self.thread.is_alive()
 
 
 class AdaptiveEcho(Stage[T]):
@@ -149,7 +90,7 @@ class AdaptiveEcho(Stage[T]):
         self.copy = bool(copy)
         self._limit = math.floor(self.max_factor)  # emissions allowed per item, fresh one included
         self._pool = ReusePool(self.buffer_size, self._limit, self.policy)
-        self._producer: _Producer | None = None
+        self._producer: BackgroundReader | None = None
         self._source_state: Any = None  # the last anchor that came with an item emitted fresh
         self._since_anchor = 0  # fresh items emitted after it
         self._done = False  # the source ended (or raised) and everything was emitted
@@ -172,7 +113,10 @@ class AdaptiveEcho(Stage[T]):
         self.replayed_reads = 0
         if not self._done and not self._ended:  # a resumed end reads on only in the next epoch
             self.replayed_reads = self._since_anchor
-            self._producer = _Producer(self.source, self.queue_size, skip=self._since_anchor)
+            self._producer = BackgroundReader(
+                self.source, self.queue_size, name=THREAD_PREFIX,
+                anchor_every=ANCHOR_EVERY, skip=self._since_anchor,
+            )  # fmt: skip
 
     def _start_epoch(self) -> None:
         self._pool.clear()
@@ -190,13 +134,13 @@ class AdaptiveEcho(Stage[T]):
                 self.stats.items_out += 1
                 return copy_item(chosen) if self.copy else chosen
             item, payload = self._wait()
-        if item is _END or item is _ERROR:
-            if item is _END:
+        if item is END or item is ERROR:
+            if item is END:
                 self._source_state, self._since_anchor = payload, 0
             self._done = True
             name = self._producer.thread.name
             self.close()  # the thread has returned already; this reaps it
-            if item is _END:
+            if item is END:
                 raise StopIteration
             if hasattr(payload, "add_note"):  # Python >= 3.11
                 payload.add_note(f"(raised by adaptive_echo's source in thread {name!r})")
@@ -218,12 +162,7 @@ class AdaptiveEcho(Stage[T]):
         producer, start = self._producer, time.perf_counter()
         assert producer is not None
         try:
-            while True:
-                try:
-                    return producer.queue.get(timeout=_POLL_S)
-                except queue.Empty:
-                    if not producer.thread.is_alive() and producer.queue.empty():
-                        raise StopIteration from None  # closed from another thread
+            return producer.get()  # StopIteration: closed from another thread
         finally:
             waited = time.perf_counter() - start
             self.stats.wait_seconds += waited

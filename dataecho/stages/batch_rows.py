@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dataecho._structure import map_leaves, map_tensors
+from dataecho._structure import leaves, map_tensors
 
 _WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 _KEEP_WHOLE = "or pass shuffle_buffer=0 to keep batches whole"
@@ -74,18 +74,14 @@ class RowLayout:
 
 def tensor_leaves(batch: Any) -> list[torch.Tensor]:
     """The tensors of ``batch`` in order; a clear error for any other kind of leaf."""
-    found: list[torch.Tensor] = []
-
-    def take(leaf: Any) -> None:
+    found = leaves(batch)
+    for leaf in found:
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(
                 f"mixing examples across batches needs batches made of tensors (in tuples, "
                 f"lists or dicts); got a {type(leaf).__name__} leaf ({leaf!r:.60}); collate it "
                 f"into a tensor, {_KEEP_WHOLE}"
             )
-        found.append(leaf)
-
-    map_leaves(batch, take)
     if not found:
         raise TypeError("mixing examples across batches needs at least one tensor per batch")
     return found

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataecho._structure import map_leaves
+
 # Immutable leaves: sharing them is safe and copying them wastes time.
 _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), frozenset, range)
 
@@ -25,9 +27,13 @@ _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), frozenset, rang
 def copy_item(item: Any) -> Any:
     """Return a copy of ``item`` that shares no mutable memory with it.
 
-    Tensors are cloned, arrays copied, dicts/lists/tuples rebuilt around copied leaves; any other
-    object goes through ``copy.deepcopy``.
+    Tensors are cloned, arrays copied, dicts/lists/tuples rebuilt around copied leaves (their
+    subclasses' types kept); any other object goes through ``copy.deepcopy``.
     """
+    return map_leaves(item, _copy_leaf, keep_types=True)
+
+
+def _copy_leaf(item: Any) -> Any:
     if isinstance(item, _IMMUTABLE):
         return item
     if isinstance(item, torch.Tensor):
@@ -36,19 +42,4 @@ def copy_item(item: Any) -> Any:
         return item.copy()
     if isinstance(item, np.generic):
         return item
-    if type(item) is dict:
-        return {k: copy_item(v) for k, v in item.items()}
-    if type(item) is list:
-        return [copy_item(v) for v in item]
-    if isinstance(item, (dict, list)):
-        # Subclasses (Counter, defaultdict, OrderedDict) take other constructor arguments;
-        # a shallow copy keeps the type and its extras, then every value is replaced by a copy.
-        out = _copy.copy(item)
-        for k, v in item.items() if isinstance(item, dict) else enumerate(item):
-            out[k] = copy_item(v)
-        return out
-    if isinstance(item, tuple):
-        values = [copy_item(v) for v in item]
-        # Named tuples take positional fields.
-        return type(item)(*values) if hasattr(item, "_fields") else type(item)(values)
     return _copy.deepcopy(item)

@@ -23,7 +23,11 @@ _PLAIN = (int, float, bool, str, type(None))
 
 
 def _flatten(item: Any, leaves: list[Any]) -> Any:
-    """The structure of ``item`` as nested lists; its leaves appended to ``leaves``."""
+    """The structure of ``item`` as nested lists; its leaves appended to ``leaves``.
+
+    Not :mod:`dataecho._structure`'s walk: only plain tuples, lists and str-keyed dicts are
+    opened, the containers a ``weights_only`` checkpoint can name and :func:`_unflatten` can
+    rebuild; anything else (a named tuple, an ``OrderedDict``) is one leaf."""
     if type(item) in (tuple, list):
         return [type(item).__name__, [_flatten(x, leaves) for x in item]]
     if type(item) is dict and all(isinstance(k, str) for k in item):

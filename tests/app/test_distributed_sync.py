@@ -252,7 +252,7 @@ def test_in_memory_reader_splits_over_ranks_times_workers(monkeypatch, workers):
         for w in range(workers):
             r, size = data_parallel_rank()
             order = epoch_order(n, order_seed=5)
-            share = reader_share(order, reader=r * workers + w, readers=size * workers, equal=True)
+            share = reader_share(order, index=r * workers + w, readers=size * workers, equal=True)
             reader = IndexedReader(list(range(n)), share)
             reader.reset()
             shares.append([next(reader) for _ in range(len(share))])

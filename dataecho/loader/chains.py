@@ -1,0 +1,181 @@
+"""Each insertion point's chain of stages (``where``), on both sides of the worker boundary.
+
+=================  =========================================  ==================================
+``where``          in each worker, between read and batcher   in the main process, after them
+=================  =========================================  ==================================
+before_augment     echo -> shuffle -> transform               (the workers' batches)
+after_augment      transform -> echo -> shuffle               (the workers' batches)
+batch              transform                                  echo -> shuffle
+device             transform                                  to the device -> echo -> example
+                                                              mixing -> ``device_transform``
+=================  =========================================  ==================================
+
+The worker side is built by :func:`example_stages` (in :mod:`dataecho.loader.pipeline`), the
+main-process side by :func:`batch_stages` (in :mod:`dataecho.loader.echoing_loader`): the order
+of the stages at each ``where`` is decided here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import default_collate
+from torchdata.nodes import BaseNode, Mapper
+
+from dataecho.loader.device import DeviceTransform, ToDevice
+from dataecho.loader.options import LoaderOptions
+from dataecho.loader.read_ahead import stop_read_ahead
+from dataecho.stages import Echo, MixExamples, Shuffle
+from dataecho.stages.adaptive import AdaptiveEcho
+from dataecho.stages.seeds import STAGE_ECHO, STAGE_MIX, STAGE_SHUFFLE, STAGE_TRANSFORM
+
+# The main process's key among the reader indices: batch echoing draws its seeds there.
+MAIN_PROCESS = 1 << 20
+
+Seeds = Callable[[int], int]  # a stage id -> that stage's seed
+
+
+class OnItem:
+    """``(read_number, item) -> (read_number, fn(item))``: the user's function sees the item."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, tagged: tuple[int, Any]) -> tuple[int, Any]:
+        return tagged[0], self.fn(tagged[1])
+
+
+def example_stages(
+    node: BaseNode[Any],
+    opts: LoaderOptions,
+    seed: Seeds,
+    *,
+    per_example: Callable[[Any], Any] | None,
+    collate_fn: Callable[[list[Any]], Any],
+    length: int | None,
+) -> BaseNode[Any]:
+    """A worker's stages over its tagged reads ``node``, in ``opts.where``'s order.
+
+    ``per_example``: the transform run on each item (the user's or the dataset's), or None.
+    ``length``: the items the worker reads this epoch (see :func:`echo_stage`).
+    """
+
+    def transform(n: BaseNode[Any]) -> BaseNode[Any]:
+        return n if per_example is None else Mapper(n, OnItem(per_example))
+
+    def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
+        if opts.echoes:
+            copy = copies_can_alias(opts, collate_fn, per_example is not None)
+            n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=length)
+        if opts.shuffle_buffer > 1:
+            n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
+        return n
+
+    if opts.where == "before_augment":
+        return transform(echo_and_shuffle(node))
+    if opts.where == "after_augment":
+        return echo_and_shuffle(transform(node))
+    return transform(node)  # "batch" or "device": whole batches are echoed in the main process
+
+
+def counts_deferred(opts: LoaderOptions) -> bool:
+    """Whether the workers' fresh counts wait until a main-process stage hands their batch on:
+    that stage may read fresh batches ahead of the consumer (the next copy to the device in
+    flight, or "auto"'s reader thread)."""
+    return opts.where == "device" or (opts.where == "batch" and opts.adaptive)
+
+
+def batch_stages(
+    workers: BaseNode[Any],
+    opts: LoaderOptions,
+    seed: Seeds,
+    *,
+    device: Any = None,
+    fresh_batches: Callable[[], int | None] = lambda: None,
+) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
+    """The main process's chain over the workers' batches, and its counting stage: the stage
+    whose fresh batches count once it hands them on (:func:`counts_deferred`), else None.
+
+    ``device``: the ``torch.device`` of ``where="device"``. ``fresh_batches``: the batches the
+    workers deliver this epoch, so that a fractional factor gives a fixed number of them an
+    extra copy (and the epoch the ``len`` says).
+    """
+    if opts.where not in ("batch", "device"):
+        return workers, None
+
+    def batch_echo(n: BaseNode[Any]) -> BaseNode[Any]:
+        return echo_stage(n, opts, seed(STAGE_ECHO), length=fresh_batches())
+
+    if opts.where == "batch":
+        node = batch_echo(workers) if opts.echoes else workers
+        counting = node if opts.adaptive else None
+        if opts.shuffle_buffer > 1:
+            node = Shuffle(node, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
+        return node, counting
+    # On CUDA with a fixed factor the next fresh batch's copy stays in flight ("auto" reads on
+    # its own thread, which overlaps the copies already).
+    ahead = device.type == "cuda" and not opts.adaptive
+    node = counting = ToDevice(workers, device, ahead=ahead)
+    if opts.echoes:
+        node = counting = batch_echo(node)
+    if opts.shuffle_buffer > 1:  # the copies' examples spread over the batches that follow
+        node = MixExamples(node, opts.shuffle_buffer, seed=seed(STAGE_MIX), device=device)
+    root = DeviceTransform(node, device, opts.device_transform, seed=seed(STAGE_TRANSFORM))
+    return root, counting
+
+
+def copies_can_alias(
+    opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any], transforms_examples: bool
+) -> bool:
+    """Whether example copies must be separate objects (``opts.copy`` asks for it).
+
+    Only a per-example transform after the echo stage (``transforms_examples``: the user's or
+    the dataset's) or a custom collate can see two copies as one object: ``default_collate``
+    stacks tensors and arrays into new memory (and keeps only immutable str/bytes as they
+    are), so without those the copy would be a wasted memcpy.
+    """
+    downstream_transform = opts.where == "before_augment" and transforms_examples
+    return opts.copy and (downstream_transform or collate_fn is not default_collate)
+
+
+def echo_stage(
+    source: BaseNode[Any],
+    opts: LoaderOptions,
+    seed: int,
+    *,
+    copy: bool | None = None,
+    length: int | None = None,
+) -> BaseNode[Any]:
+    """The echo stage the options ask for: fixed factor, or adaptive for "auto".
+
+    ``copy``: whether copies are separate objects (default: ``opts.copy``). ``length``: the
+    items ``source`` delivers in the epoch, so that a fractional factor gives exactly its share
+    of extra copies (see :mod:`dataecho.stages.fixed_echo`); "auto" needs none.
+    """
+    copy = opts.copy if copy is None else copy
+    if opts.adaptive:
+        return AdaptiveEcho(
+            source,
+            max_factor=opts.max_echo_factor,
+            buffer_size=opts.reuse_buffer,
+            policy=opts.reuse_policy,
+            seed=seed,
+            copy=copy,
+            # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
+            # make it reuse while fresh examples are on their way, and hold the reader thread back.
+            queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
+        )
+    return Echo(source, opts.echo_factor, seed=seed, copy=copy, length=length)
+
+
+def close_chain(node: Any) -> None:
+    """Stop every background part of a chain of nodes, from the consumer's end down."""
+    while node is not None:
+        if isinstance(node, AdaptiveEcho):
+            # Bounded: its reader thread may sit in a source call that only the next close unblocks.
+            node.close(timeout=5.0)
+        elif hasattr(node, "close"):
+            node.close()
+        stop_read_ahead(node)
+        node = getattr(node, "source", None)

@@ -1,0 +1,107 @@
+"""The loader's checkpoint: ``state_dict`` / ``load_state_dict`` and the position they hold.
+
+A state names the epoch, the position in it (the main-process chain's root state, which holds
+the workers', and the batches handed out), the seed, the counts and, with a sampler, the order
+the epoch is read in. An iterator dropped mid-epoch leaves its position with the loader, so a
+state taken after that still holds it. :class:`LoaderCheckpoint` is the part of
+:class:`~dataecho.loader.echoing_loader.EchoingDataLoader` that does this.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from dataecho.loader.epoch_iterator import EpochIterator
+from dataecho.loader.options import LoaderOptions
+from dataecho.loader.pipeline import PipelineDataset
+from dataecho.loader.reading import is_map_style, is_stateful
+from dataecho.loader.workers import PersistentWorkers
+from dataecho.stages import EchoStats
+
+
+class LoaderCheckpoint:
+    """``state_dict`` / ``load_state_dict`` of ``EchoingDataLoader`` (a base class of it)."""
+
+    dataset: Any
+    options: LoaderOptions
+    seed: int
+    stats: EchoStats
+    _epoch: int
+    _pipeline: PipelineDataset
+    _persistent: PersistentWorkers | None
+    _current: weakref.ref[EpochIterator] | None
+    _dropped: dict[str, Any] | None  # the position of a dropped iterator
+    _resume: dict[str, Any] | None  # a loaded position not yet iterated
+    _resume_asked: int | None
+    _iterator: EpochIterator | None  # the epoch's iterator, if still referenced
+
+    def _live_position(self) -> dict[str, Any] | None:
+        """The epoch in progress (live or dropped mid-epoch): its root's state and the batches
+        handed out; else None."""
+        it = self._iterator
+        if it is not None and it.started:
+            return None if it.finished else it.position()
+        return self._dropped
+
+    def _keep_dropped(self, position: dict[str, Any]) -> None:
+        self._dropped = position
+
+    def _ended_at(self, yielded: int) -> bool:
+        """Whether ``yielded`` batches are a whole epoch, known where ``len`` is exact (a
+        map-style dataset at a fixed factor); elsewhere only its end tells."""
+        exact = is_map_style(self.dataset) and not self.options.adaptive
+        return exact and yielded >= len(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly here: epoch, pipeline positions, RNGs, counts.
+
+        ``"next_epoch"`` is the epoch the next ``iter()`` after loading it runs: ``"epoch"``
+        while batches of it are left, ``"epoch" + 1`` once its last batch was handed out and
+        that is known (see docs/faults-and-resume.md). Between epochs it holds the dataset's
+        own state, if it keeps one."""
+        if self._resume is not None:  # loaded but not yet iterated: hand the same state on
+            return {**self._resume, "stats": self.stats.state_dict()}
+        position = self._live_position()
+        live = position is not None
+        ended = not live or self._ended_at(position["yielded"])
+        state: dict[str, Any] = {
+            "epoch": self._epoch,
+            "next_epoch": self._epoch + 1 if ended else self._epoch,
+            "seed": self.seed,
+            "root": position["root"] if live else None,
+            "yielded": position["yielded"] if live else 0,
+            "stats": self.stats.state_dict(),
+        }
+        indices = self._pipeline.fields.indices if live else None  # a copy
+        if indices is not None:
+            state["indices"] = torch.from_numpy(indices)
+        if not live and is_stateful(self.dataset) and is_map_style(self.dataset):
+            # Between epochs, a map-style dataset's own state (a cache, counters) is kept. An
+            # iterable one's is a position in the pass just finished, which would make the
+            # next pass empty: its next iter() starts anew, as without a checkpoint.
+            state["dataset"] = self.dataset.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; the next ``iter()`` continues where it stopped.
+
+        The loader is then exactly as ``state`` says: an iterator still live ends (its
+        ``next()`` raises ``RuntimeError``, as after a newer ``iter()``) and a position kept
+        from a dropped one is forgotten."""
+        it = self._iterator
+        if it is not None:
+            it.supersede()  # stops its workers too
+        if self._persistent is not None:  # kept workers hold the old position: new ones resume
+            self._persistent.stop()
+        self._current, self._dropped = None, None
+        self.seed = int(state["seed"])
+        self.stats.load_state_dict(state["stats"])
+        self._epoch = int(state["epoch"])
+        self._resume = state if state["root"] is not None else None
+        self._resume_asked = None
+        if state.get("dataset") is not None:
+            # Restored now, before iter(), so that a call made between (a set_epoch) applies.
+            self.dataset.load_state_dict(state["dataset"])
