@@ -6,7 +6,8 @@
     dataecho train --config run.toml --resume             # a TOML file holds the same keys
 
 Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(args) -> int`` (the
-call into the library), then list them in ``COMMANDS``. Errors the user can fix (missing data or
+call into the library), then list them in ``COMMANDS``. Errors the user can fix (a
+``DataechoError``: missing data or
 nginx, an unreachable server, a bad option or config value, a checkpoint of another run, a
 checkpoint folder that cannot be written) print one ``dataecho NAME: error: ...`` line and exit
 with status 2; anything else is a bug and keeps its traceback. An error raised in a DataLoader
@@ -31,18 +32,17 @@ from typing import Any
 
 from dataecho._validate import Bool, Choice, Int, Real
 from dataecho.app import demo
-from dataecho.app.checkpoint import CheckpointError
-from dataecho.app.config import CLI_TARGETS, ConfigError, flag, options
+from dataecho.app.config import CLI_TARGETS, flag, options
 from dataecho.app.config_file import config_from
-from dataecho.app.distributed import LaunchError, RankFailure
 from dataecho.app.shutdown import Terminated
-from dataecho.app.sources.fashion_mnist import DataNotFoundError, IDXFormatError
-from dataecho.app.sources.nginx import NginxNotFoundError
-from dataecho.app.upstream import DATASETS, UpstreamError
+from dataecho.app.upstream import DATASETS
+from dataecho.errors import DataechoError, DataechoValueError
 
-# Errors caused by the user's input or machine, reported without a traceback.
-USER_ERRORS = (DataNotFoundError, IDXFormatError, NginxNotFoundError, UpstreamError,
-               ConfigError, CheckpointError, ValueError, LaunchError, RankFailure)  # fmt: skip
+# Errors caused by the user's input or machine, reported as one line without a traceback: every
+# error dataecho raises on purpose (a bad value, missing data or nginx, an unreachable server, a
+# checkpoint of another run, a failed rank). A plain ValueError or OSError is a bug and keeps
+# its traceback.
+USER_ERRORS = (DataechoError,)
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def _add_reproduce(p: argparse.ArgumentParser) -> None:
 def _run_reproduce(args: argparse.Namespace) -> int:
     # The experiments live in the checkout's experiments/ folder, outside the installed package.
     rest = " ".join(args.args) or "choi --quick"
-    raise ValueError(
+    raise DataechoValueError(
         f"the reproductions moved out of the installed package; from a checkout of dataecho "
         f"run: python -m experiments {rest}"
     )

@@ -28,6 +28,7 @@ from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho import _validate
+from dataecho.errors import DataechoValueError
 from dataecho.loader.dataset_transform import warn_identical_copies
 from dataecho.loader.device import DeviceTransform, ToDevice, resolve_device
 from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
@@ -302,7 +303,7 @@ class EchoingDataLoader:
         if self._resume is not None:
             resumed = self._epoch
             if epoch not in (resumed, resumed + 1):
-                raise ValueError(
+                raise DataechoValueError(
                     f"set_epoch({epoch}) on a loader that holds a loaded position in epoch "
                     f"{resumed}: set_epoch({resumed}) continues it (set_epoch({resumed + 1}) if "
                     f"it was saved after the epoch's last batch); to start epoch {epoch} "
