@@ -6,11 +6,11 @@
     dataecho train --config run.toml --resume             # a TOML file holds the same keys
 
 Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(args) -> int`` (the
-call into the library), then list them in ``COMMANDS``. Errors the user can fix (a
-``DataechoError``: missing data or
-nginx, an unreachable server, a bad option or config value, a checkpoint of another run, a
-checkpoint folder that cannot be written) print one ``dataecho NAME: error: ...`` line and exit
-with status 2; anything else is a bug and keeps its traceback. An error raised in a DataLoader
+call into the library), then list them in ``COMMANDS``. Errors the user can fix (each a
+``DataechoError``: missing data or nginx, an unreachable server, a bad option or config value, a
+checkpoint of another run, a checkpoint folder that cannot be written) print one
+``dataecho NAME: error: ...`` line and exit with status 2; anything else, a plain ``ValueError``
+too, is a bug and keeps its traceback. An error raised in a DataLoader
 worker is reported by its own message (torch wraps it in "Caught X in DataLoader worker process N"
 and the worker's traceback, which is printed below it). Ctrl-C exits with 130 and SIGTERM with 143,
 both after every ``finally`` on the way out has run (loader workers shut down, a server the command
