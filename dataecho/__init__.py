@@ -21,6 +21,7 @@ The ``dataecho`` command, its demo and training runs are the application,
 """
 
 from dataecho import augment, schedules, transforms
+from dataecho.errors import DataechoError, DataechoTypeError, DataechoValueError
 from dataecho.loader import EchoingDataLoader, LoaderOptions
 from dataecho.loader.dataset_transform import IdenticalCopiesWarning
 from dataecho.optim import EchoedGD, EchoedNesterov, EchoedOptimizer, EchoedProxGD
@@ -46,6 +47,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveEcho",
+    "DataechoError",
+    "DataechoTypeError",
+    "DataechoValueError",
     "Echo",
     "EchoStats",
     "EchoedGD",

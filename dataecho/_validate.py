@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataecho.errors import DataechoTypeError, DataechoValueError
+
 # Ceilings of counts. Past them a loader or a run would start that many processes or hold that
 # many items, and grow its memory for minutes before failing (or hang), so each is refused up
 # front with its reason. The machine fact behind two of them:
@@ -50,18 +52,18 @@ def echo_factor(value: object, *, name: str = "factor", auto_ok: bool = False) -
     """Return ``value`` as a float echo factor in [1, inf), or raise a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         auto = ' or "auto" (echo only while fresh data is late)' if auto_ok else ""
-        raise TypeError(
+        raise DataechoTypeError(
             f"{name} must be a real number >= 1 (e.g. 2 or 2.5){auto}, got {value!r} "
             f"of type {type(value).__name__}; pass a float such as {name}=2.0"
         )
     value = float(value)
     if math.isnan(value) or math.isinf(value):
-        raise ValueError(
+        raise DataechoValueError(
             f"{name} must be a finite number >= 1, got {value!r}; "
             f"use {name}=1 for no echoing or a finite factor such as 2"
         )
     if value < 1:
-        raise ValueError(
+        raise DataechoValueError(
             f"{name} must be >= 1 (1 = no echoing, 2 = every item twice), got {value!r}; "
             f"an echo stage cannot drop data, so use {name}=1 to turn echoing off"
         )
@@ -96,7 +98,7 @@ def positive_int(
 def one_of(value: object, choices: tuple[str, ...], *, name: str) -> str:
     """Return ``value`` if it is one of ``choices``, or raise a clear error."""
     if value not in choices:
-        raise ValueError(
+        raise DataechoValueError(
             f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
         )
     return value  # type: ignore[return-value]
@@ -167,15 +169,17 @@ class Int(Check):
             return None
         off, fix = self._or_none(), _fix(self.hint)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"{name} must be {self.describe()}{off}, got {value!r} of type "
                 f"{type(value).__name__}{fix}"
             )
         if value < self.low:
-            raise ValueError(f"{name} must be >= {self.low}{off}, got {value!r}{fix}")
+            raise DataechoValueError(f"{name} must be >= {self.low}{off}, got {value!r}{fix}")
         if self.high is not None and value > self.high:
             why = f" ({self.why})" if self.why else ""
-            raise ValueError(f"{name} must be {self.describe()}{off}, got {value!r}{why}{fix}")
+            raise DataechoValueError(
+                f"{name} must be {self.describe()}{off}, got {value!r}{why}{fix}"
+            )
         return int(value)
 
     def describe(self) -> str:
@@ -187,7 +191,7 @@ class Int(Check):
         try:
             return int(text.replace("_", "").replace(",", ""))
         except ValueError:
-            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
+            raise DataechoValueError(f"must be {self.describe()}, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,7 @@ class Real(Check):
             return None
         off, fix = self._or_none(), _fix(self.hint)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"{name} must be {self.describe()}{off}, got {value!r} of type "
                 f"{type(value).__name__}{fix}"
             )
@@ -225,14 +229,16 @@ class Real(Check):
         )
         if not inside or v == float("inf"):
             why = f" ({self.why})" if self.why and v > self.high else ""
-            raise ValueError(f"{name} must be {self.describe()}{off}, got {value!r}{why}{fix}")
+            raise DataechoValueError(
+                f"{name} must be {self.describe()}{off}, got {value!r}{why}{fix}"
+            )
         return v
 
     def from_text(self, text: str) -> float:
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
+            raise DataechoValueError(f"must be {self.describe()}, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -272,7 +278,7 @@ class EchoFactor(Check):
         factor = echo_factor(value, name=name, auto_ok=True)
         if factor > self.high:
             why = f": {self.why}" if self.why else ""
-            raise ValueError(f"{name} must be at most {self.high:g}, got {value!r}{why}")
+            raise DataechoValueError(f"{name} must be at most {self.high:g}, got {value!r}{why}")
         return factor
 
     def from_text(self, text: str) -> float | str:
@@ -281,7 +287,7 @@ class EchoFactor(Check):
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"must be a number >= 1 or 'auto', got {text!r}") from None
+            raise DataechoValueError(f"must be a number >= 1 or 'auto', got {text!r}") from None
 
 
 class Bool(Check):
@@ -292,12 +298,12 @@ class Bool(Check):
 
     def check(self, name: str, value: Any) -> bool:
         if not isinstance(value, bool):
-            raise TypeError(f"{name} must be true or false, got {value!r}")
+            raise DataechoTypeError(f"{name} must be true or false, got {value!r}")
         return value
 
     def from_text(self, text: str) -> bool:
         if text.lower() not in self._TEXT:
-            raise ValueError(f"must be true or false, got {text!r}")
+            raise DataechoValueError(f"must be true or false, got {text!r}")
         return self._TEXT[text.lower()]
 
     def parse(self, text: str) -> bool:
@@ -315,7 +321,7 @@ class PathValue(Check):
             return value
         if isinstance(value, str) and value:
             return Path(value)
-        raise TypeError(f"{name} must be a folder path, got {value!r}")
+        raise DataechoTypeError(f"{name} must be a folder path, got {value!r}")
 
 
 class Text(Check):
@@ -323,7 +329,7 @@ class Text(Check):
 
     def check(self, name: str, value: Any) -> str:
         if not isinstance(value, str):
-            raise TypeError(f"{name} must be a string, got {value!r}")
+            raise DataechoTypeError(f"{name} must be a string, got {value!r}")
         return value
 
 
@@ -335,7 +341,7 @@ class OptionalCallable(Check):
 
     def check(self, name: str, value: Any) -> Any:
         if value is not None and not callable(value):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"{name} must be a callable ({self.what} -> {self.what}) or None, got "
                 f"{type(value).__name__}"
             )

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from dataecho import _validate
+from dataecho.errors import DataechoTypeError, DataechoValueError
 
 Closure = Callable[[], torch.Tensor]
 Scalar = float | torch.Tensor
@@ -30,12 +31,12 @@ def _positive(value: object, *, name: str) -> Scalar:
     """A float > 0 or a tensor of them (a grid of values); a clear error otherwise."""
     if isinstance(value, torch.Tensor):
         if not (torch.isfinite(value).all() and (value > 0).all()):
-            raise ValueError(f"every entry of {name} must be finite and > 0, got {value}")
+            raise DataechoValueError(f"every entry of {name} must be finite and > 0, got {value}")
         return value.detach()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float > 0 or a tensor of them, got {value!r}")
+        raise DataechoTypeError(f"{name} must be a float > 0 or a tensor of them, got {value!r}")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0 (e.g. 0.1), got {value!r}")
+        raise DataechoValueError(f"{name} must be finite and > 0 (e.g. 0.1), got {value!r}")
     return float(value)
 
 
@@ -50,7 +51,7 @@ class EchoedOptimizer:
     def __init__(self, params: Iterable[torch.Tensor], lr: Scalar, k: int) -> None:
         self.params = list(params)
         if not self.params or not all(p.requires_grad for p in self.params):
-            raise ValueError(
+            raise DataechoValueError(
                 "params must be a non-empty list of tensors with requires_grad=True, got "
                 f"{len(self.params)} tensor(s); create them with torch.zeros(..., requires_grad"
                 "=True) or pass model.parameters()"
@@ -167,7 +168,7 @@ class EchoedNesterov(EchoedOptimizer):
         if momentum is not None:
             mu = momentum if isinstance(momentum, torch.Tensor) else torch.tensor(momentum)
             if not ((mu >= 0).all() and (mu < 1).all()):
-                raise ValueError(f"momentum must be in [0, 1) (e.g. 0.9), got {momentum!r}")
+                raise DataechoValueError(f"momentum must be in [0, 1) (e.g. 0.9), got {momentum!r}")
         self.momentum = momentum
 
     def _update(self) -> None:

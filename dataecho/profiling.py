@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from dataecho import _validate
+from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.stages.stats import item_counts
 
 INPUT_BOUND_RATIO = 1.1
@@ -62,7 +63,7 @@ def time_model(t_up: float, t_down: float, e: float, *, overlap: bool = True) ->
     t_up, t_down = _seconds(t_up, "t_up", zero_ok=True), _seconds(t_down, "t_down", zero_ok=True)
     e = _validate.echo_factor(e, name="e")
     if t_up == 0 and t_down == 0:
-        raise ValueError("t_up and t_down are both 0; at least one must be > 0 seconds")
+        raise DataechoValueError("t_up and t_down are both 0; at least one must be > 0 seconds")
     if overlap:
         cycle, base = max(t_up, e * t_down), max(t_up, t_down)
     else:
@@ -131,12 +132,12 @@ def profile(
     ``R / e >= 0.9`` (at most 10% of the fresh-data rate traded for steps), in [1, max].
     """
     if not isinstance(loader_or_iterable, Iterable):
-        raise TypeError(
+        raise DataechoTypeError(
             f"loader_or_iterable must be iterable (a DataLoader, a list of batches, a dataecho "
             f"loader), got {type(loader_or_iterable).__name__}"
         )
     if not callable(step_fn):
-        raise TypeError(
+        raise DataechoTypeError(
             f"step_fn must be a callable taking one batch (e.g. lambda batch: train_step(batch)), "
             f"got {step_fn!r} of type {type(step_fn).__name__}"
         )
@@ -150,7 +151,7 @@ def profile(
     it = iter(loader_or_iterable)
     n_up, wall_up, _, batch = _run(it, None, warmup, up_budget, max_n)
     if n_up == 0:
-        raise ValueError(
+        raise DataechoValueError(
             "loader_or_iterable is empty (it yielded no batch); pass a loader with at least "
             f"{warmup + 1} batches"
         )
@@ -160,7 +161,7 @@ def profile(
     it = iter(loader_or_iterable)
     n_pipe, wall_pipe, wait_pipe, _ = _run(it, step_fn, warmup, pipe_budget, max_n)
     if n_pipe == 0:
-        raise ValueError(
+        raise DataechoValueError(
             f"loader_or_iterable ran out after the upstream phase ({n_up + warmup} batches); pass "
             "a re-iterable source (a list, a DataLoader) or one with more batches"
         )
@@ -273,13 +274,13 @@ def _seconds(value: object, name: str, *, zero_ok: bool = False) -> float:
     """``value`` as finite seconds > 0 (>= 0 with ``zero_ok``), or a clear error."""
     bound = ">= 0" if zero_ok else "> 0"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
+        raise DataechoTypeError(
             f"{name} must be a number of seconds {bound}, got {value!r} of type "
             f"{type(value).__name__}; pass a float such as {name}=10.0"
         )
     value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(
+        raise DataechoValueError(
             f"{name} must be a finite number of seconds {bound}, got {value!r}; "
             f"pass e.g. {name}=10.0"
         )

@@ -23,6 +23,7 @@ from typing import IO, Any, TypeVar
 from tqdm import tqdm
 
 from dataecho import _validate
+from dataecho.errors import DataechoValueError
 from dataecho.stages.stats import batch_length, item_counts
 
 T = TypeVar("T")
@@ -109,7 +110,7 @@ class TrainingProgress:
         if batch_size is not None:
             batch_size = _validate.positive_int(batch_size, name="batch_size", hint="or None")
         if not isinstance(refresh_seconds, numbers.Real) or not refresh_seconds > 0:
-            raise ValueError(
+            raise DataechoValueError(
                 f"refresh_seconds must be a number > 0, got {refresh_seconds!r}; e.g. 0.5"
             )
         self.desc, self.batch_size, self.refresh_seconds = desc, batch_size, float(refresh_seconds)

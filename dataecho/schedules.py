@@ -29,6 +29,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from dataecho.errors import DataechoTypeError, DataechoValueError
+
 __all__ = [
     "Constant",
     "Cosine",
@@ -42,7 +44,7 @@ __all__ = [
 def check_probability(value: object, *, name: str) -> float:
     """Return ``value`` as a loading probability in (0, 1], or raise a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
+        raise DataechoTypeError(
             f"{name} must be a probability in (0, 1] (e.g. 0.25: each fresh item used about 4 "
             f"times), got {value!r} of type {type(value).__name__}; pass a float such as "
             f"{name}=0.25"
@@ -50,7 +52,7 @@ def check_probability(value: object, *, name: str) -> float:
     p = float(value)
     # NaN fails this test too, since every comparison with NaN is false.
     if not 0.0 < p <= 1.0:
-        raise ValueError(
+        raise DataechoValueError(
             f"{name} must be in (0, 1], got {value!r}; 0 would never load fresh data and "
             f"values above 1 are not probabilities: use {name}=1 for no reuse or 1/e for a "
             f"mean reuse count of e"
@@ -60,7 +62,7 @@ def check_probability(value: object, *, name: str) -> float:
 
 def _check_steps(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
+        raise DataechoValueError(
             f"total_steps must be an integer >= 1 (the step at which the schedule reaches its "
             f"end value), got {value!r}; pass the number of training steps, e.g. 10_000"
         )
@@ -69,7 +71,9 @@ def _check_steps(value: object) -> int:
 
 def _check_step(step: object) -> int:
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-        raise ValueError(f"step must be an integer >= 0 (items emitted so far), got {step!r}")
+        raise DataechoValueError(
+            f"step must be an integer >= 0 (items emitted so far), got {step!r}"
+        )
     return int(step)
 
 
@@ -118,7 +122,7 @@ def cosine_increasing(p_min: float, p_max: float, total_steps: int) -> Cosine:
     p_min = check_probability(p_min, name="p_min")
     p_max = check_probability(p_max, name="p_max")
     if p_min > p_max:
-        raise ValueError(
+        raise DataechoValueError(
             f"cosine_increasing needs p_min <= p_max, got p_min={p_min!r} > p_max={p_max!r}; "
             f"swap them, or use cosine_decreasing(p_max, p_min, total_steps) for a falling p"
         )
@@ -130,7 +134,7 @@ def cosine_decreasing(p_max: float, p_min: float, total_steps: int) -> Cosine:
     p_max = check_probability(p_max, name="p_max")
     p_min = check_probability(p_min, name="p_min")
     if p_min > p_max:
-        raise ValueError(
+        raise DataechoValueError(
             f"cosine_decreasing needs p_max >= p_min, got p_max={p_max!r} < p_min={p_min!r}; "
             f"swap them, or use cosine_increasing(p_min, p_max, total_steps) for a rising p"
         )

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoTypeError
 
 Transform = Callable[[Any], Any]
 
@@ -33,12 +33,12 @@ class OnInput:
 
     def __init__(self, transform: Transform, key: Hashable | None = None) -> None:
         if not callable(transform):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"on_input needs a callable transform, got {transform!r} of type "
                 f"{type(transform).__name__}; pass the transform itself, e.g. on_input(augment)"
             )
         if key is not None and not isinstance(key, Hashable):
-            raise TypeError(f"key must be a dict key (hashable) or None, got {key!r}")
+            raise DataechoTypeError(f"key must be a dict key (hashable) or None, got {key!r}")
         self.transform = transform
         self.key = key
 
@@ -47,7 +47,7 @@ class OnInput:
             return self._on_mapping(sample)
         if isinstance(sample, (tuple, list)):
             return self._on_sequence(sample)
-        raise TypeError(
+        raise DataechoTypeError(
             f"on_input({_name(self.transform)}) expects an (input, target, ...) tuple or list "
             f"or a dict sample, got {type(sample).__name__}; a sample that is the input "
             f"alone takes the transform itself: transform={_name(self.transform)}"
@@ -56,7 +56,7 @@ class OnInput:
     def _on_sequence(self, sample: tuple | list) -> tuple | list:
         index = 0 if self.key is None else self.key
         if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"on_input(..., key={self.key!r}) on a {type(sample).__name__} sample: the key "
                 f"of a tuple or list sample is the input's position (an int; None means 0)"
             )
@@ -78,7 +78,7 @@ class OnInput:
 
     def _on_mapping(self, sample: Mapping) -> Mapping:
         if self.key is None:
-            raise TypeError(
+            raise DataechoTypeError(
                 f"on_input({_name(self.transform)}) got a dict sample with keys "
                 f"{list(sample)}: name the input, e.g. "
                 f"on_input({_name(self.transform)}, key={_first_key(sample)!r})"

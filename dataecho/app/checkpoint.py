@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from dataecho import _validate
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoTypeError
 
 FORMAT = "dataecho-train-checkpoint"
 VERSION = 1
@@ -331,13 +331,15 @@ def _check_plain(value: Any, where: str) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, (str, int)):
-                raise TypeError(f"{where}: key {k!r} of type {type(k).__name__}; use str or int")
+                raise DataechoTypeError(
+                    f"{where}: key {k!r} of type {type(k).__name__}; use str or int"
+                )
             _check_plain(v, f"{where}[{k!r}]")
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_plain(v, f"{where}[{i}]")
     elif not isinstance(value, _PLAIN):
-        raise TypeError(
+        raise DataechoTypeError(
             f"{where} is a {type(value).__name__}, which torch.load(weights_only=True) cannot "
             "load; store tensors, numbers, strings, lists and dicts only"
         )

@@ -6,10 +6,11 @@
     dataecho train --config run.toml --resume             # a TOML file holds the same keys
 
 Adding a subcommand: write ``_add_NAME(parser)`` (its options) and ``_run_NAME(args) -> int`` (the
-call into the library), then list them in ``COMMANDS``. Errors the user can fix (missing data or
-nginx, an unreachable server, a bad option or config value, a checkpoint of another run, a
-checkpoint folder that cannot be written) print one ``dataecho NAME: error: ...`` line and exit
-with status 2; anything else is a bug and keeps its traceback. An error raised in a DataLoader
+call into the library), then list them in ``COMMANDS``. Errors the user can fix (each a
+``DataechoError``: missing data or nginx, an unreachable server, a bad option or config value, a
+checkpoint of another run, a checkpoint folder that cannot be written) print one
+``dataecho NAME: error: ...`` line and exit with status 2; anything else, a plain ``ValueError``
+too, is a bug and keeps its traceback. An error raised in a DataLoader
 worker is reported by its own message (torch wraps it in "Caught X in DataLoader worker process N"
 and the worker's traceback, which is printed below it). Ctrl-C exits with 130 and SIGTERM with 143,
 both after every ``finally`` on the way out has run (loader workers shut down, a server the command
@@ -31,18 +32,17 @@ from typing import Any
 
 from dataecho._validate import Bool, Choice, Int, Real
 from dataecho.app import demo
-from dataecho.app.checkpoint import CheckpointError
-from dataecho.app.config import CLI_TARGETS, ConfigError, flag, options
+from dataecho.app.config import CLI_TARGETS, flag, options
 from dataecho.app.config_file import config_from
-from dataecho.app.distributed import LaunchError, RankFailure
 from dataecho.app.shutdown import Terminated
-from dataecho.app.sources.fashion_mnist import DataNotFoundError, IDXFormatError
-from dataecho.app.sources.nginx import NginxNotFoundError
-from dataecho.app.upstream import DATASETS, UpstreamError
+from dataecho.app.upstream import DATASETS
+from dataecho.errors import DataechoError
 
-# Errors caused by the user's input or machine, reported without a traceback.
-USER_ERRORS = (DataNotFoundError, IDXFormatError, NginxNotFoundError, UpstreamError,
-               ConfigError, CheckpointError, ValueError, LaunchError, RankFailure)  # fmt: skip
+# Errors caused by the user's input or machine, reported as one line without a traceback: every
+# error dataecho raises on purpose (a bad value, missing data or nginx, an unreachable server, a
+# checkpoint of another run, a failed rank). A plain ValueError or OSError is a bug and keeps
+# its traceback.
+USER_ERRORS = (DataechoError,)
 
 
 @dataclass(frozen=True)

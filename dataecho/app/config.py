@@ -36,7 +36,7 @@ from dataecho._validate import (
     Text,
 )
 from dataecho.app.config_checks import RUN_LOADER_CHECKS, TrainingDevice, UpstreamSpec
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoTypeError, DataechoValueError
 from dataecho.loader import LoaderOptions
 
 WORKLOADS = ("cnn", "char-lm")
@@ -292,7 +292,7 @@ class TrainConfig:
         own = {f.name: f for f in dataclasses.fields(self) if f.name != "loader"}
         for key in settings:
             if key not in own and key not in LOADER_KEYS:
-                raise TypeError(
+                raise DataechoTypeError(
                     f"TrainConfig got an unexpected keyword argument {key!r}; "
                     + did_you_mean(key, [o.name for o in options()])
                 )
@@ -314,7 +314,7 @@ class TrainConfig:
         changes = {name: loader_check(name).check(name, value) for name, value in flat.items()}
         if base is not None:
             if not isinstance(base, LoaderOptions):
-                raise TypeError(
+                raise DataechoTypeError(
                     f"loader must be a dataecho.loader.LoaderOptions or None, got "
                     f"{type(base).__name__}"
                 )
@@ -326,7 +326,7 @@ class TrainConfig:
                         if name in LOADER_FROM_RUN
                         else "the workload's data (make_loader); leave it at its default"
                     )
-                    raise ValueError(
+                    raise DataechoValueError(
                         f"loader.{name}={given[name]!r}: a run's loader takes {name} from {source}"
                     )
             for name in LOADER_KEYS:
@@ -342,32 +342,34 @@ class TrainConfig:
         if self.workload == "char-lm":
             wrong, right = right, wrong
         if getattr(self, wrong) is not None:
-            raise ValueError(
+            raise DataechoValueError(
                 f"{wrong}={getattr(self, wrong)!r} does not apply to workload="
                 f"{self.workload!r}; set {right} instead"
             )
         if self.upstream is not None:
             for key, off in (("read_delay", 0.0), ("train_examples", None)):
                 if getattr(self, key) != off:
-                    raise ValueError(
+                    raise DataechoValueError(
                         f"{key}={getattr(self, key)!r} applies to the in-memory upstream only, "
                         f"but upstream={self.upstream!r}; drop {key} (shards come as fast as "
                         "their server sends them; write fewer with dataecho prepare --examples)"
                     )
         if self.avg_prob != 1.0 and self.sync != "local-echo":
-            raise ValueError(
+            raise DataechoValueError(
                 f"avg_prob={self.avg_prob!r} applies to sync='local-echo' only, but sync="
                 f"{self.sync!r}; set sync='local-echo' or drop avg_prob"
             )
         if self.resume and self.checkpoint_dir is None:
-            raise ValueError("resume=True needs checkpoint_dir: the folder of the checkpoints")
+            raise DataechoValueError(
+                "resume=True needs checkpoint_dir: the folder of the checkpoints"
+            )
         if self.checkpoint_on_exit and self.checkpoint_dir is None:
-            raise ValueError(
+            raise DataechoValueError(
                 "checkpoint_on_exit=True needs checkpoint_dir: the folder the final checkpoint "
                 "goes to; set checkpoint_dir (--checkpoint-dir DIR) or drop checkpoint_on_exit"
             )
         if self.eval_in_background and self.nproc > 1:
-            raise ValueError(
+            raise DataechoValueError(
                 f"eval_in_background=True with nproc={self.nproc}: data-parallel runs evaluate "
                 "in rank 0's loop; drop eval_in_background (--no-eval-in-background)"
             )

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dataecho._validate import BATCH_WHY, MAX_BATCH, Check, EchoFactor, Int, Real
+from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader.options import DeviceName
 
 # The largest echo factor a run takes (fixed, or the most copies with "auto"). Each fresh item
@@ -48,12 +49,12 @@ class UpstreamSpec(Check):
         if isinstance(value, Path):
             value = str(value)
         if not isinstance(value, str) or not value:
-            raise TypeError(f"{name} must be a URL or a folder path, got {value!r}")
+            raise DataechoTypeError(f"{name} must be a URL or a folder path, got {value!r}")
         scheme = urlsplit(value).scheme if "://" in value or value.startswith("emulated:") else ""
         if scheme not in ("", "http", "https", "emulated") or (
             scheme.startswith("http") and not urlsplit(value).hostname
         ):
-            raise ValueError(
+            raise DataechoValueError(
                 f"{name} must be 'memory', http://HOST:PORT[/PATH], a folder, or "
                 f"emulated:/DIR?bandwidth=B&latency=L, got {value!r}"
             )
@@ -74,7 +75,7 @@ class TrainingDevice(DeviceName):
     def check(self, name: str, value: Any) -> str | None:
         device = super().check(name, value)
         if device is not None and device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(
+            raise DataechoValueError(
                 f"{name} must be {self.describe()}, got {device!r}: a run trains on the CPU or "
                 f"a CUDA GPU; pass e.g. {name}='cuda' or {name}='cpu'"
             )

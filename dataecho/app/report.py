@@ -25,6 +25,7 @@ import numpy as np
 
 from dataecho.app.quiet import RERUN
 from dataecho.app.ratios import ratios
+from dataecho.errors import DataechoValueError
 
 COLUMNS = (
     "run", "echo factor", "where", "wall s to target", "fresh to target", "steps", "stall",
@@ -103,7 +104,7 @@ def format_ratios(results: Sequence[Any], ratio: float | None) -> str:
 def write_report(results: Sequence[Any], out_dir: str | Path, *, meta: ReportMeta) -> Path:
     """Write ``report.md``, ``metrics.csv`` and ``curves.png`` into ``out_dir``; return it."""
     if not results:
-        raise ValueError("write_report got no results; pass at least one TrainResult")
+        raise DataechoValueError("write_report got no results; pass at least one TrainResult")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(results)

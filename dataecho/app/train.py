@@ -108,6 +108,7 @@ from dataecho.app.training.schedule import (
     run_evaluations,
 )
 from dataecho.app.upstream import Data, build_data
+from dataecho.errors import DataechoValueError
 from dataecho.loader import EchoingDataLoader
 from dataecho.profiling import ProfileReport, profile
 from dataecho.progress import TrainingProgress
@@ -270,7 +271,7 @@ def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCou
         if count == 0 and not continuing:
             who = "the loader" if rank is None else f"rank {rank.rank}'s loader"
             shared = "" if rank is None else f", shared by {rank.world_size} ranks"
-            raise ValueError(
+            raise DataechoValueError(
                 f"{who} gave no batch of {cfg.batch_size}: the training set has "
                 f"{dataset_size(data)} examples{shared}; use a smaller batch_size or more data"
             )

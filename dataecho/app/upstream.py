@@ -49,6 +49,7 @@ from dataecho.app.workloads.augment import (
     Augment,
     normalize,
 )
+from dataecho.errors import DataechoValueError
 
 DATASETS = ("fashion-mnist", "austen")
 _KIND = {"cnn": "image", "char-lm": "tokens"}  # the shard kind each workload trains on
@@ -99,7 +100,7 @@ def build_data(cfg: TrainConfig) -> Data:
         final_set, vocab = (test.images, test.labels), None
         side = min(test.images.shape[-2:])
         if cfg.augment_pad >= side:  # checked here, not at the first image in a worker
-            raise ValueError(
+            raise DataechoValueError(
                 f"augment_pad must be below the image side ({side} pixels), got "
                 f"{cfg.augment_pad}; 2-4 is usual for 28x28 images"
             )
@@ -220,7 +221,7 @@ class SplitChunk:
 
     def __call__(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if chunk.shape != (self.seq_len + 1,):
-            raise ValueError(
+            raise DataechoValueError(
                 f"a shard holds a chunk of shape {tuple(chunk.shape)}, but seq_len={self.seq_len} "
                 f"needs {self.seq_len + 1} ids; prepare with --seq-len {len(chunk) - 1} or train "
                 f"with seq_len={len(chunk) - 1}"
@@ -262,7 +263,7 @@ def prepare(
         package = data_dir or DEFAULT_PACKAGE_DIR
         train = AustenChars("train", seq_len, package_dir=package, novels=_novels(package))
         if len(train.vocab) > 256:
-            raise ValueError(f"{len(train.vocab)} character ids do not fit in uint8")
+            raise DataechoValueError(f"{len(train.vocab)} character ids do not fit in uint8")
         chunks = train.chunks[:examples].numpy().astype(np.uint8)
         manifest = shards.write_text_shards(
             list(chunks), out, examples_per_shard=examples_per_shard, prefix="austen"

@@ -47,7 +47,7 @@ from typing import Any
 
 from torch.utils.data import Subset
 
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoTypeError
 from dataecho.loader.reading import is_map_style, is_stateful
 from dataecho.transforms import OnInput
 
@@ -263,7 +263,7 @@ class RowAsBatch:
         # In the row's (the table's) column order, as datasets builds the batch.
         batch = self.transform({k: [v] for k, v in row.items() if k in self._formatted})
         if not isinstance(batch, Mapping):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"the dataset's transform {self.transform!r} returned a "
                 f"{type(batch).__name__}; as with datasets' ds[i], it must return a dict of "
                 "sequences (a batch) so that a row can be picked from it"

@@ -32,6 +32,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from dataecho._structure import map_tensors, tensors
+from dataecho.errors import DataechoValueError
 from dataecho.loader.options import check_takes_generator
 from dataecho.stages import EchoStats, copy_item
 
@@ -41,14 +42,14 @@ def resolve_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise DataechoValueError(
                 f"device={name!r}, but CUDA is not available here (torch.cuda.is_available() "
                 "is False); pass device='cpu' to echo in the training process, or run where "
                 "the GPU is"
             )
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
-            raise ValueError(
+            raise DataechoValueError(
                 f"device={name!r}, but this machine has {count} CUDA device(s) (cuda:0.."
                 f"cuda:{count - 1}); pass one of those"
             )

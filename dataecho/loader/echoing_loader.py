@@ -27,6 +27,7 @@ from torch.utils.data import Sampler, default_collate
 from torchdata.nodes import BaseNode
 
 from dataecho import _validate
+from dataecho.errors import DataechoValueError
 from dataecho.loader.chains import MAIN_PROCESS, batch_stages, close_chain, counts_deferred
 from dataecho.loader.checkpointing import LoaderCheckpoint
 from dataecho.loader.dataset_transform import warn_identical_copies
@@ -266,7 +267,7 @@ class EchoingDataLoader(LoaderCheckpoint):
         if self._resume is not None:
             resumed = self._epoch
             if epoch not in (resumed, resumed + 1):
-                raise ValueError(
+                raise DataechoValueError(
                     f"set_epoch({epoch}) on a loader that holds a loaded position in epoch "
                     f"{resumed}: set_epoch({resumed}) continues it (set_epoch({resumed + 1}) if "
                     f"it was saved after the epoch's last batch); to start epoch {epoch} "

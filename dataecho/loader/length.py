@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dataecho.errors import DataechoTypeError
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import data_parallel_rank, is_map_style, reader_index, reader_share
 from dataecho.stages.fixed_echo import epoch_copies, known_length
@@ -70,7 +71,7 @@ def epoch_batches(loader: Any) -> int:
     opts: LoaderOptions = loader.options
     shares = _shares(loader)
     if shares is None:
-        raise TypeError(
+        raise DataechoTypeError(
             f"len() of an EchoingDataLoader over an iterable dataset without __len__ "
             f"({type(loader.dataset).__name__}): the number of batches is unknown (as with "
             "DataLoader); give the dataset a __len__, or iterate without len()"

@@ -28,6 +28,7 @@ from dataecho._validate import (
     OptionalCallable,
     Real,
 )
+from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader.reading import is_map_style
 
 WHERE_CHOICES = ("before_augment", "after_augment", "batch", "device")
@@ -63,14 +64,14 @@ class DeviceName(Check):
         if isinstance(value, torch.device):
             return str(value)
         if not isinstance(value, str):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"{name} must be {self.describe()} (or a torch.device), got {value!r} of type "
                 f"{type(value).__name__}; pass e.g. {name}='cuda'"
             )
         try:
             return str(torch.device(value))
         except RuntimeError:
-            raise ValueError(
+            raise DataechoValueError(
                 f"{name} must be {self.describe()}, got {value!r}; pass e.g. {name}='cuda' "
                 f"(the training GPU) or {name}='cpu'"
             ) from None
@@ -225,7 +226,7 @@ class LoaderOptions:
         set_(self, "_derived", taken)
         self._check_device_fields()
         if self.batch_transform is not None and self.where == "after_augment":
-            raise ValueError(
+            raise DataechoValueError(
                 "batch_transform runs after batching, so with where='after_augment' the echoed "
                 "copies would be augmented apart; pass the augmentation as transform= (per "
                 "example) for identical copies, or use where='before_augment'"
@@ -237,13 +238,13 @@ class LoaderOptions:
                 check_takes_generator(self.device_transform)
             return
         if self.device is not None:
-            raise ValueError(
+            raise DataechoValueError(
                 f"device={self.device!r} applies to where='device' only (the echo stage runs "
                 f"on that device), but where={self.where!r}; pass where='device' to echo on "
                 f"{self.device!r}, or drop device= (batches stay on the host)"
             )
         if self.device_transform is not None:
-            raise ValueError(
+            raise DataechoValueError(
                 f"device_transform={self.device_transform!r} augments each copy on the "
                 f"device, only with where='device', but where={self.where!r}; pass "
                 "where='device' (and device='cuda' or 'cpu'), or pass the augmentation as "
@@ -284,7 +285,7 @@ def check_takes_generator(fn: Callable[..., Any]) -> None:
         return
     if any(p.name == "generator" and p.kind is not p.POSITIONAL_ONLY for p in params):
         return
-    raise TypeError(
+    raise DataechoTypeError(
         f"device_transform={fn!r} takes no generator= argument: it is called as "
         "fn(batch, generator=g) so its random draws are seeded and resumed with the loader; "
         "add a generator=None parameter and draw from it (e.g. torch.rand(..., generator="
@@ -318,36 +319,36 @@ def check_dataloader_arguments(
 ) -> None:
     """DataLoader's own argument rules, and the ones echoing adds (see the class docstring)."""
     if batch_size is None:
-        raise ValueError(
+        raise DataechoValueError(
             "batch_size=None (no automatic batching) is not supported by EchoingDataLoader: "
             "the echo stage forms the batches; pass the number of examples per batch, e.g. 128"
         )
     if batch_sampler is not None:
-        raise ValueError(
+        raise DataechoValueError(
             "batch_sampler is not supported by EchoingDataLoader: batches are formed after the "
             "echo stage, so a sampler's batches would not survive it; pass sampler= (the order "
             "of examples) and batch_size= instead"
         )
     if persistent_workers and num_workers == 0:
-        raise ValueError(
+        raise DataechoValueError(
             f"persistent_workers={persistent_workers!r} needs num_workers > 0 (as with "
             "DataLoader): with num_workers=0 the main process reads and there are no workers "
             "to keep; pass num_workers=1 or more, or drop persistent_workers"
         )
     iterable = not is_map_style(dataset)
     if iterable and shuffle:
-        raise ValueError(
+        raise DataechoValueError(
             f"shuffle={shuffle!r} with an iterable dataset ({type(dataset).__name__}): an "
             "iterable dataset decides its own order (as with DataLoader); shuffle it in the "
             "dataset, or use shuffle_buffer= to shuffle after the echo stage"
         )
     if iterable and sampler is not None:
-        raise ValueError(
+        raise DataechoValueError(
             f"sampler= with an iterable dataset ({type(dataset).__name__}): a sampler picks "
             "indices of a map-style dataset (as with DataLoader); drop the sampler"
         )
     if sampler is not None and shuffle:
-        raise ValueError(
+        raise DataechoValueError(
             f"sampler= and shuffle={shuffle!r} are mutually exclusive (as with DataLoader): "
             "the sampler decides the order; drop shuffle, or the sampler"
         )
@@ -359,17 +360,19 @@ def check_options_alone(
     """With ``options=``, the echo keywords stay unset and DataLoader's arguments that options
     also holds (``batch_size``, ``shuffle``, ``drop_last``) are unset or agree with it."""
     if not isinstance(options, LoaderOptions):
-        raise TypeError(f"options must be a LoaderOptions or None, got {type(options).__name__}")
+        raise DataechoTypeError(
+            f"options must be a LoaderOptions or None, got {type(options).__name__}"
+        )
     given = [name for name, value in echo.items() if value is not None]
     if given:
-        raise TypeError(
+        raise DataechoTypeError(
             f"options= and {', '.join(f'{name}=' for name in given)} both set echo settings; "
             f"put them in the options (options.with_changes({given[0]}=...)) or drop options="
         )
     for name, value, unset in (("batch_size", batch_size, 1), ("shuffle", shuffle, None),
                                ("drop_last", drop_last, False)):  # fmt: skip
         if value != unset and value != getattr(options, name):
-            raise ValueError(
+            raise DataechoValueError(
                 f"{name}={value!r} disagrees with options.{name}={getattr(options, name)!r}; "
                 f"drop the {name} argument (the options set it) or change the options"
             )

@@ -29,6 +29,8 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
+from dataecho.errors import DataechoValueError
+
 
 def data_parallel_rank() -> tuple[int, int]:
     """``(rank, world_size)``: the initialised process group's, else torchrun's environment,
@@ -38,7 +40,7 @@ def data_parallel_rank() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if not 0 <= rank < world:
-        raise ValueError(
+        raise DataechoValueError(
             f"RANK={rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={world}); launch with torchrun "
             "or set both variables consistently"
         )

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from torchdata.nodes import BaseNode, IterableWrapper, Loader
 from torchdata.nodes.types import Stateful
 
+from dataecho.errors import DataechoTypeError
 from dataecho.stages.seeds import derive_seed, resolve_seed
 from dataecho.stages.stats import EchoStats, item_unit
 
@@ -27,7 +28,7 @@ def as_node(source: Iterable[T]) -> BaseNode[T]:
     if isinstance(source, BaseNode):
         return source
     if not isinstance(source, Iterable):
-        raise TypeError(
+        raise DataechoTypeError(
             f"source must be an iterable (a list, a generator, a Dataset, a torchdata node), "
             f"got {type(source).__name__}"
         )

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dataecho._structure import leaves, map_tensors
+from dataecho.errors import DataechoTypeError, DataechoValueError
 
 _WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 _KEEP_WHOLE = "or pass shuffle_buffer=0 to keep batches whole"
@@ -33,14 +34,14 @@ class RowLayout:
         leaves = tensor_leaves(batch)
         size = leaves[0].shape[0] if leaves[0].dim() else 0
         if any(t.dim() == 0 or t.shape[0] != size for t in leaves):
-            raise ValueError(
+            raise DataechoValueError(
                 f"mixing examples across batches needs every tensor of a batch to hold one row "
                 f"per example; got shapes {[tuple(t.shape) for t in leaves]}; collate each "
                 f"field to shape (batch, ...), {_KEEP_WHOLE}"
             )
         seen = [(t.dtype, tuple(t.shape[1:])) for t in leaves]
         if seen != self.fields:
-            raise ValueError(
+            raise DataechoValueError(
                 f"mixing examples across batches needs every batch's fields in one dtype and "
                 f"shape; got {_named(seen)} after {_named(self.fields)}; pad or crop to one "
                 f"shape, {_KEEP_WHOLE}"
@@ -77,13 +78,15 @@ def tensor_leaves(batch: Any) -> list[torch.Tensor]:
     found = leaves(batch)
     for leaf in found:
         if not isinstance(leaf, torch.Tensor):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"mixing examples across batches needs batches made of tensors (in tuples, "
                 f"lists or dicts); got a {type(leaf).__name__} leaf ({leaf!r:.60}); collate it "
                 f"into a tensor, {_KEEP_WHOLE}"
             )
     if not found:
-        raise TypeError("mixing examples across batches needs at least one tensor per batch")
+        raise DataechoTypeError(
+            "mixing examples across batches needs at least one tensor per batch"
+        )
     return found
 
 

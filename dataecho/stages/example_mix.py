@@ -19,6 +19,7 @@ import torch
 
 from dataecho import _validate
 from dataecho._structure import map_tensors
+from dataecho.errors import DataechoValueError
 from dataecho.stages.base import Stage
 from dataecho.stages.batch_rows import RowLayout, tensor_leaves
 from dataecho.stages.seeds import STAGE_MIX, derive_seed
@@ -151,7 +152,7 @@ class MixExamples(Stage[Any]):
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
         if "pool" not in state:
-            raise ValueError(
+            raise DataechoValueError(
                 "this state holds no example pool (keys: "
                 f"{', '.join(sorted(state))}): it comes from another stage, such as the whole-"
                 "batch shuffle that where='device' used before it mixed examples; resume it "

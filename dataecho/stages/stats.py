@@ -13,6 +13,8 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.nodes import BaseNode
 
+from dataecho.errors import DataechoValueError
+
 UNITS = ("examples", "batches")
 
 
@@ -60,7 +62,7 @@ class EchoStats:
         examples_out: int | None = None,
     ) -> None:
         if unit not in UNITS:
-            raise ValueError(
+            raise DataechoValueError(
                 f"unit must be one of {', '.join(map(repr, UNITS))}, got {unit!r}; "
                 f'use "batches" when each item is a whole batch'
             )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from dataecho import _validate
+from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.schedules import check_probability
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item
@@ -48,7 +49,7 @@ class StochasticEcho(Stage[T]):
             try:
                 load_prob = check_probability(load_prob, name="load_prob")
             except TypeError as err:
-                raise TypeError(
+                raise DataechoTypeError(
                     f"{err}, or a callable step -> probability such as "
                     f"dataecho.schedules.cosine_decreasing(1.0, 0.25, total_steps)"
                 ) from None
@@ -77,12 +78,12 @@ class StochasticEcho(Stage[T]):
             return self.load_prob
         p = self.load_prob(step)
         if isinstance(p, bool) or not isinstance(p, numbers.Real):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"load_prob schedule {self.load_prob!r} returned {p!r} (type "
                 f"{type(p).__name__}) at step {step}; it must return a float in (0, 1]"
             )
         if not 0.0 < p <= 1.0:  # NaN fails too
-            raise ValueError(
+            raise DataechoValueError(
                 f"load_prob schedule {self.load_prob!r} returned {p!r} at step {step}; it must "
                 f"return a probability in (0, 1] at every step (0 never loads fresh data): "
                 f"clamp its output or use a schedule from dataecho.schedules"

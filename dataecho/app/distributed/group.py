@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoValueError
 
 T = TypeVar("T")
 HEARTBEAT = 0.5  # seconds between heartbeats; a failure is diagnosed over 3 of them
@@ -68,7 +68,7 @@ def init_group(timeout: float, device: torch.device) -> GroupInfo:
     ``device``, where this rank trains, is a GPU (made the current one), else gloo.
     ``timeout``: seconds any collective may wait for the other ranks."""
     if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        raise DataechoValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     require_torchrun()
     cuda = device.type == "cuda"
     if cuda:

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 
 from dataecho import _validate
 from dataecho.app.sources.fashion_mnist import DataNotFoundError
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoValueError
 
 INSTALLED_PACKAGE_DIR = Path("/usr/lib/R/site-library/janeaustenr")
 PACKAGE = "r-cran-janeaustenr"
@@ -166,7 +166,9 @@ class CharVocab:
 
     def __init__(self, chars: str) -> None:
         if list(chars) != sorted(set(chars)):
-            raise ValueError(f"chars must be sorted and unique, got {chars[:40]!r}; use from_text")
+            raise DataechoValueError(
+                f"chars must be sorted and unique, got {chars[:40]!r}; use from_text"
+            )
         self.chars = chars
         self._ids = {c: i + 1 for i, c in enumerate(chars)}
 
@@ -194,7 +196,7 @@ def split_novels(
     """``(train, val)`` texts per novel: lines joined by newlines, the last ``val_fraction``
     of each novel's characters going to validation."""
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}; e.g. 0.05")
+        raise DataechoValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}; e.g. 0.05")
     train, val = {}, {}
     for name, lines in novels.items():
         text = "\n".join(lines)

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
+from dataecho.errors import DataechoTypeError, DataechoValueError
+
 # The module, not the function of the same name that ``webdataset`` exports.
 _gopen = importlib.import_module("webdataset.gopen")
 
@@ -96,7 +98,7 @@ class EmulatedStorage:
         self.bandwidth = _real(bandwidth_bytes_per_s, "bandwidth_bytes_per_s", zero_ok=False)
         self.latency = _real(latency_s, "latency_s", zero_ok=True)
         if math.isinf(self.latency):
-            raise ValueError("latency_s must be finite, got inf; use e.g. latency_s=0.05")
+            raise DataechoValueError("latency_s must be finite, got inf; use e.g. latency_s=0.05")
 
     @property
     def url(self) -> str:
@@ -121,16 +123,16 @@ class EmulatedStorage:
 def open_emulated(url: str, mode: str = "rb", bufsize: int = 8192, **kw: object) -> EmulatedStream:
     """Open an ``emulated:`` URL (the opener webdataset's ``gopen`` calls for that scheme)."""
     if mode not in ("rb", "r"):
-        raise ValueError(f"emulated storage is read-only: mode must be 'rb', got {mode!r}")
+        raise DataechoValueError(f"emulated storage is read-only: mode must be 'rb', got {mode!r}")
     parts = urlsplit(url)
     if parts.scheme != SCHEME:
-        raise ValueError(f"not an {SCHEME}: URL: {url!r}")
+        raise DataechoValueError(f"not an {SCHEME}: URL: {url!r}")
     query = parse_qs(parts.query)
     try:
         bandwidth = float(query.get("bandwidth", ["inf"])[0])
         latency = float(query.get("latency", ["0"])[0])
     except ValueError as err:
-        raise ValueError(
+        raise DataechoValueError(
             f"{url!r}: bad bandwidth/latency ({err}); build it with EmulatedStorage"
         ) from err
     raw = open(unquote(parts.path), "rb")  # noqa: SIM115 (the stream owns and closes it)
@@ -140,10 +142,10 @@ def open_emulated(url: str, mode: str = "rb", bufsize: int = 8192, **kw: object)
 def _real(value: object, name: str, *, zero_ok: bool) -> float:
     low = ">= 0" if zero_ok else "> 0"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number {low}, got {value!r}")
+        raise DataechoTypeError(f"{name} must be a real number {low}, got {value!r}")
     value = float(value)
     if math.isnan(value) or value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{name} must be a number {low}, got {value!r}")
+        raise DataechoValueError(f"{name} must be a number {low}, got {value!r}")
     return value
 
 

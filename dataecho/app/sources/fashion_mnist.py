@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dataecho import _validate
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoValueError
 
 DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
 INSTALL_COMMAND = "apt-get install dataset-fashion-mnist"
@@ -95,7 +95,7 @@ def write_idx(path: str | Path, array: np.ndarray) -> Path:
     array = np.asarray(array)
     code = codes.get(array.dtype.newbyteorder("="))
     if code is None:
-        raise ValueError(
+        raise DataechoValueError(
             f"IDX cannot store dtype {array.dtype}; use one of "
             f"{', '.join(str(d.newbyteorder('=')) for d in _IDX_DTYPES.values())}"
         )

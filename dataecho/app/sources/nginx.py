@@ -48,7 +48,7 @@ import urllib.request
 from pathlib import Path
 
 from dataecho import _validate
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoValueError
 
 INSTALL_HINT = "apt-get install nginx-light  (or: apt-get install nginx; as root or with sudo)"
 _FALLBACK_BINARY = "/usr/sbin/nginx"
@@ -89,7 +89,7 @@ class NginxServer:
         if not self.root_dir.is_dir():
             raise FileNotFoundError(f"NginxServer: root_dir {str(root_dir)!r} is not a folder")
         if rate_limit_bytes_per_s is not None and total_rate_bytes_per_s is not None:
-            raise ValueError(
+            raise DataechoValueError(
                 f"give at most one of rate_limit_bytes_per_s (per connection, got "
                 f"{rate_limit_bytes_per_s!r}) and total_rate_bytes_per_s (got "
                 f"{total_rate_bytes_per_s!r})"

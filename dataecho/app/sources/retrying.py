@@ -25,7 +25,7 @@ from typing import BinaryIO
 from urllib.parse import urlsplit
 
 from dataecho.app.sources import emulated
-from dataecho.errors import DataechoError
+from dataecho.errors import DataechoError, DataechoValueError
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Loopback is never behind a proxy; elsewhere urllib honours http_proxy / no_proxy as usual.
@@ -151,7 +151,7 @@ class Backoff:
         self, retry_seconds: float, *, first_delay_s: float = 0.05, max_delay_s: float = 2.0
     ) -> None:
         if not isinstance(retry_seconds, (int, float)) or not 0 <= retry_seconds < math.inf:
-            raise ValueError(
+            raise DataechoValueError(
                 f"retry_seconds must be a finite number of seconds >= 0, got {retry_seconds!r}; "
                 "e.g. 60 (0 fails at the first error)"
             )

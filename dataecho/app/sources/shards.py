@@ -41,6 +41,7 @@ from dataecho import _validate
 from dataecho.app.sources import emulated  # registers the emulated: URL scheme with webdataset
 from dataecho.app.sources.retrying import read_retrying
 from dataecho.app.sources.shard_reader import POLICIES, STATE_KEYS, ShardReader
+from dataecho.errors import DataechoValueError
 
 FORMAT = "dataecho-webdataset-shards"
 VERSION = 1
@@ -65,12 +66,14 @@ def write_image_shards(
     images = np.asarray(images)
     labels = np.asarray(labels, dtype=np.int64)
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
-        raise ValueError(
+        raise DataechoValueError(
             f"images must be uint8 of shape (N, 28, 28), got {images.dtype} {images.shape}; "
             "pass the arrays from dataecho.app.sources.fashion_mnist.load_split"
         )
     if labels.shape != (len(images),):
-        raise ValueError(f"need one label per image: {len(images)} images, labels {labels.shape}")
+        raise DataechoValueError(
+            f"need one label per image: {len(images)} images, labels {labels.shape}"
+        )
     samples = (
         {"__key__": f"{i:08d}", "png": _png(img), "cls": int(lab)}
         for i, (img, lab) in enumerate(zip(images, labels, strict=True))
@@ -90,7 +93,7 @@ def write_text_shards(
     chunks = [np.asarray(c) for c in token_chunks]
     for i, c in enumerate(chunks):
         if c.ndim != 1 or c.dtype.name not in TOKEN_DTYPES:
-            raise ValueError(
+            raise DataechoValueError(
                 f"token chunk {i} must be a 1-D array of dtype {'/'.join(TOKEN_DTYPES)}, "
                 f"got {c.dtype} {c.shape}"
             )
@@ -122,7 +125,7 @@ def load_manifest(
             raise FileNotFoundError(f"no {MANIFEST} in {base}; write the shards first")
         manifest = json.loads(path.read_text())
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(
+        raise DataechoValueError(
             f"{base}: not a {FORMAT} v{VERSION} manifest (format {manifest.get('format')!r}, "
             f"version {manifest.get('version')!r}); rewrite the shards with this version"
         )
@@ -269,7 +272,7 @@ class ShardDataset(IterableDataset):
         reader, readers = rank * workers + worker, world * workers
         state, self._resume = self._resume, None
         if state is not None and (state["reader"], state["readers"]) != (reader, readers):
-            raise ValueError(
+            raise DataechoValueError(
                 f"this shard position belongs to reader {state['reader']} of "
                 f"{state['readers']} (rank x worker), but it was loaded into reader {reader} of "
                 f"{readers}; resume with the same number of ranks and workers"
@@ -278,7 +281,7 @@ class ShardDataset(IterableDataset):
         mine = self._order(epoch)[rank::world][worker::workers]  # as split_by_node/_worker
         if self._tally is not None:
             if worker >= SKIP_SLOTS:
-                raise ValueError(
+                raise DataechoValueError(
                     f"on_bad_record='skip' counts skipped records for up to {SKIP_SLOTS} "
                     f"DataLoader workers, but this is worker {worker} of {workers}; use fewer "
                     "workers (num_workers)"
@@ -320,7 +323,7 @@ class ShardDataset(IterableDataset):
         """Continue from :meth:`state_dict` at the next ``iter()``."""
         missing = [k for k in STATE_KEYS if k not in state]
         if missing:
-            raise ValueError(
+            raise DataechoValueError(
                 f"not a ShardDataset state: missing {missing} in {sorted(state)}; pass what "
                 "ShardDataset.state_dict() returned"
             )
@@ -371,7 +374,7 @@ class _SkipTally:
 def _seconds(value: object, name: str, *, zero_ok: bool) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
-        raise ValueError(
+        raise DataechoValueError(
             f"{name} must be a finite number of seconds {'>= 0' if zero_ok else '> 0'}, "
             f"got {value!r}; e.g. {name}=30"
         )
@@ -381,7 +384,7 @@ def _seconds(value: object, name: str, *, zero_ok: bool) -> float:
 def _decode_image(sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
     with Image.open(io.BytesIO(sample["png"]), formats=("PNG",)) as img:  # no format probing
         if img.mode != "L":  # an RGB image would become a tensor of the wrong shape
-            raise ValueError(
+            raise DataechoValueError(
                 f"expected a grayscale (mode L) PNG, got a {img.size[0]}x{img.size[1]} image of "
                 f"mode {img.mode}; write the shards from Fashion-MNIST with dataecho prepare"
             )
@@ -445,9 +448,11 @@ def _write(
     """Write ``samples`` unless the manifest in ``out_dir`` already describes this data."""
     per_shard = _validate.positive_int(examples_per_shard, name="examples_per_shard")
     if total < 1:
-        raise ValueError(f"nothing to write: got {total} examples; pass at least one")
+        raise DataechoValueError(f"nothing to write: got {total} examples; pass at least one")
     if not prefix or "/" in prefix or "%" in prefix:
-        raise ValueError(f"prefix must be a plain file-name stem like 'images', got {prefix!r}")
+        raise DataechoValueError(
+            f"prefix must be a plain file-name stem like 'images', got {prefix!r}"
+        )
     h = hashlib.sha256(json.dumps([FORMAT, VERSION, kind, total, per_shard, prefix]).encode())
     for part in digest:
         h.update(part)

@@ -21,6 +21,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from dataecho.errors import DataechoTypeError, DataechoValueError
+
 # How far behind the clock a reader may fall and still catch up (a burst after an idle spell).
 _SLACK_SECONDS = 0.001
 
@@ -38,12 +40,12 @@ class Throttled(Dataset):
         self, dataset: Any, *, delay: float | None = None, rate: float | None = None
     ) -> None:
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise TypeError(
+            raise DataechoTypeError(
                 f"Throttled wraps a map-style dataset (with __getitem__ and __len__), got "
                 f"{type(dataset).__name__}; wrap the dataset before any iterable stage"
             )
         if (delay is None) == (rate is None):
-            raise ValueError(
+            raise DataechoValueError(
                 f"give exactly one of delay (seconds per example) and rate (examples per "
                 f"second), got delay={delay!r}, rate={rate!r}"
             )
@@ -80,10 +82,10 @@ class Throttled(Dataset):
 def _positive_real(value: object, *, name: str, allow_zero: bool = False) -> float:
     low = ">= 0" if allow_zero else "> 0"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number {low}, got {value!r}")
+        raise DataechoTypeError(f"{name} must be a real number {low}, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(
+        raise DataechoValueError(
             f"{name} must be a finite number {low}, got {value!r}"
             + ("; use delay=0 for no throttling" if name == "rate" else "")
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dataecho.errors import DataechoValueError
 from dataecho.loader.device import resolve_device
 
 
@@ -20,7 +21,7 @@ def training_device(name: str | None, *, local_rank: int | None = None) -> torch
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():
-        raise ValueError(
+        raise DataechoValueError(
             f"device={name!r}, but CUDA is not available here (torch.cuda.is_available() is "
             "False); train on the CPU with --device cpu (device='cpu'), or leave --device out "
             "to take a GPU only where there is one"
@@ -28,13 +29,13 @@ def training_device(name: str | None, *, local_rank: int | None = None) -> torch
     if local_rank is None:
         return resolve_device(str(device))
     if device.index is not None:
-        raise ValueError(
+        raise DataechoValueError(
             f"device={name!r}: in a data-parallel run each rank trains on its local rank's GPU "
             "(cuda:LOCAL_RANK); pass --device cuda, and choose the GPUs with CUDA_VISIBLE_DEVICES"
         )
     count = torch.cuda.device_count()
     if local_rank >= count:
-        raise ValueError(
+        raise DataechoValueError(
             f"the rank with LOCAL_RANK={local_rank} trains on cuda:{local_rank}, but this machine "
             f"has {count} CUDA device(s); start at most {count} rank(s) on it (--nproc, or "
             "torchrun --nproc-per-node), or pass --device cpu"

@@ -29,6 +29,7 @@ import torch
 
 from dataecho import _validate
 from dataecho.augment import ShiftFlip
+from dataecho.errors import DataechoValueError
 
 # Pixel mean and standard deviation of the Fashion-MNIST training images, on a 0..1 scale.
 FASHION_MNIST_MEAN = 0.2860
@@ -83,13 +84,13 @@ class Augment:
     def image(self, image: torch.Tensor) -> torch.Tensor:
         """An augmented, normalised copy of ``image`` (C, H, W) or of each in (B, C, H, W)."""
         if image.dim() not in (3, 4):
-            raise ValueError(
+            raise DataechoValueError(
                 f"Augment expects an image (C, H, W) or a batch (B, C, H, W), got shape "
                 f"{tuple(image.shape)}; add a channel axis with image.unsqueeze(-3)"
             )
         shape = tuple(image.shape[-3:])
         if self.pad >= min(shape[1:]):
-            raise ValueError(
+            raise DataechoValueError(
                 f"pad={self.pad} shifts the whole {shape[1:]} image out of view; "
                 f"use a pad below {min(shape[1:])} (2-4 is usual for 28x28)"
             )

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dataecho import _validate
+from dataecho.errors import DataechoValueError
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class CharLMConfig:
         for name in ("vocab_size", "context", "d_model", "n_layers", "n_heads", "ff_mult"):
             _validate.positive_int(getattr(self, name), name=name)
         if self.d_model % self.n_heads:
-            raise ValueError(
+            raise DataechoValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 f"pick n_heads among {[h for h in range(1, 17) if self.d_model % h == 0]}"
             )
@@ -109,7 +110,7 @@ class CharTransformer(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
         if t > self.cfg.context:
-            raise ValueError(
+            raise DataechoValueError(
                 f"input has {t} positions but the model's context is {self.cfg.context}; "
                 f"cut sequences to seq_len <= {self.cfg.context} or build a larger model"
             )
@@ -144,7 +145,7 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tenso
     finally:
         model.train(was_training)
     if count == 0:
-        raise ValueError("evaluate() got no characters; pass a non-empty validation set")
+        raise DataechoValueError("evaluate() got no characters; pass a non-empty validation set")
     return total / count
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dataecho.app.workloads.augment import normalize
+from dataecho.errors import DataechoValueError
 
 
 class SmallCNN(nn.Module):
@@ -63,7 +64,9 @@ def evaluate(
     if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], torch.Tensor):
         images, labels = data
         if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels; pass matching sizes")
+            raise DataechoValueError(
+                f"{len(images)} images but {len(labels)} labels; pass matching sizes"
+            )
         batches: Iterable = (
             (images[i : i + batch_size], labels[i : i + batch_size])
             for i in range(0, len(images), batch_size)
@@ -84,5 +87,5 @@ def evaluate(
     finally:
         model.train(was_training)
     if count == 0:
-        raise ValueError("evaluate() got no examples; pass a non-empty test set")
+        raise DataechoValueError("evaluate() got no examples; pass a non-empty test set")
     return EvalResult(accuracy=correct / count, loss=loss_sum / count, examples=count)
