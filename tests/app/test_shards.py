@@ -27,6 +27,7 @@ from dataecho.app.sources.shards import (
     write_image_shards,
     write_text_shards,
 )
+from dataecho.errors import DataechoError
 from dataecho.loader import EchoingDataLoader
 
 needs_data = pytest.mark.skipif(
@@ -203,6 +204,9 @@ def test_bad_inputs_name_the_value_and_the_fix(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps({"format": "other", "version": 9}))
     with pytest.raises(ValueError, match="not a dataecho-webdataset-shards v1 manifest"):
         ShardDataset(tmp_path)
+    (tmp_path / MANIFEST).write_text('{"format": "dataecho-webdataset-')  # cut short
+    with pytest.raises(DataechoError, match=r"manifest.json: the manifest is not JSON .*prepare"):
+        load_manifest(tmp_path)
 
 
 def test_a_png_that_is_not_grayscale_is_a_bad_record_naming_its_mode(tmp_path, caplog):

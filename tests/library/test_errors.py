@@ -367,13 +367,14 @@ def test_a_dataecho_error_in_a_loader_worker_keeps_its_type() -> None:
 # --- the command: one line for a DataechoError, a traceback for a bug --------------------------
 
 
-def test_the_command_prints_a_dataecho_error_as_one_line(capsys) -> None:
+def test_the_command_prints_a_dataecho_error_without_a_traceback(tmp_path, capsys) -> None:
     from dataecho.app.cli import main
 
-    assert main(["reproduce", "laggard"]) == 2
+    missing = tmp_path / "nowhere"
+    assert main(["prepare", "--out", str(tmp_path / "shards"), "--data-dir", str(missing)]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("dataecho reproduce: error: the reproductions moved")
+    assert out == "" and "Traceback" not in err
+    assert err.startswith(f"dataecho prepare: error: Fashion-MNIST file not found: {missing}/")
 
 
 def test_the_command_prints_a_library_argument_error_as_one_line(monkeypatch, capsys) -> None:

@@ -115,20 +115,33 @@ def load_manifest(
     if base.startswith(("http://", "https://")):
         url = urlsplit(base)
         url = url._replace(path=url.path.rstrip("/") + "/" + MANIFEST).geturl()
-        body = read_retrying(url, retry_seconds=retry_seconds, timeout_s=timeout_s)
-        manifest = json.loads(body)
+        manifest = _parse_manifest(
+            read_retrying(url, retry_seconds=retry_seconds, timeout_s=timeout_s), url
+        )
     else:
         if base.startswith(emulated.SCHEME + ":"):  # metadata is read without emulated delays
             base = unquote(urlsplit(base).path)
         path = Path(base) / MANIFEST
         if not path.is_file():
             raise FileNotFoundError(f"no {MANIFEST} in {base}; write the shards first")
-        manifest = json.loads(path.read_text())
+        manifest = _parse_manifest(path.read_text(), str(path))
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise DataechoValueError(
             f"{base}: not a {FORMAT} v{VERSION} manifest (format {manifest.get('format')!r}, "
             f"version {manifest.get('version')!r}); rewrite the shards with this version"
         )
+    return manifest
+
+
+def _parse_manifest(text: str | bytes, where: str) -> dict[str, Any]:
+    try:
+        manifest = json.loads(text)
+    except ValueError as err:  # a truncated or overwritten file: name it and the fix
+        raise DataechoValueError(
+            f"{where}: the manifest is not JSON ({err}); rewrite the shards (dataecho prepare)"
+        ) from err
+    if not isinstance(manifest, dict):
+        raise DataechoValueError(f"{where}: the manifest is not a JSON object; rewrite the shards")
     return manifest
 
 
