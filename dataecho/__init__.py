@@ -55,7 +55,7 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str) -> object:
     import importlib
     import warnings
 

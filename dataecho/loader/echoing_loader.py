@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -179,10 +179,11 @@ class EchoingDataLoader:
                 dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers,
                 self.num_workers,
             )  # fmt: skip
-            given = {name: value for name, value in echo.items() if value is not None}
+            given: dict[str, Any] = {k: v for k, v in echo.items() if v is not None}
             options = LoaderOptions(
-                batch_size=batch_size, shuffle=bool(shuffle), drop_last=bool(drop_last), **given
-            )
+                batch_size=cast(int, batch_size),  # None was refused just above
+                shuffle=bool(shuffle), drop_last=bool(drop_last), **given,
+            )  # fmt: skip
         else:
             check_options_alone(options, echo, batch_size=batch_size, shuffle=shuffle,
                                 drop_last=drop_last)  # fmt: skip
@@ -219,7 +220,8 @@ class EchoingDataLoader:
         if snapshot_every_n_steps is None:
             snapshot_every_n_steps = snapshot_interval(opts, self.num_workers, prefetch_factor)
         # where="device": the device batches are echoed on (checked here, where it must exist).
-        self._device = resolve_device(opts.device) if opts.where == "device" else None
+        # LoaderOptions derives opts.device for where="device": it is a str there.
+        self._device = resolve_device(cast(str, opts.device)) if opts.where == "device" else None
         # The copies to CUDA read pinned memory, pinned by the inner loader's own thread.
         pin = pin_memory or (self._device is not None and self._device.type == "cuda")
         self._pipeline = PipelineDataset(
@@ -493,13 +495,13 @@ class EchoingDataLoader:
             return {**self._resume, "stats": self.stats.state_dict()}
         position = self._live_position()
         live = position is not None
-        ended = not live or self._ended_at(position["yielded"])
+        ended = position is None or self._ended_at(position["yielded"])
         state: dict[str, Any] = {
             "epoch": self._epoch,
             "next_epoch": self._epoch + 1 if ended else self._epoch,
             "seed": self.seed,
-            "root": position["root"] if live else None,
-            "yielded": position["yielded"] if live else 0,
+            "root": position["root"] if position is not None else None,
+            "yielded": position["yielded"] if position is not None else 0,
             "stats": self.stats.state_dict(),
         }
         indices = self._pipeline.fields.indices if live else None  # a copy

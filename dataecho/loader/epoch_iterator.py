@@ -99,6 +99,7 @@ class EpochIterator:
                 self.root, self._workers, self._reader = epoch.root, epoch.workers, epoch.reader
                 self._settled, self._first = epoch.settled, epoch.first
                 self.yielded = epoch.yielded
+            assert self.root is not None  # begin() set it
             batch = self._first.pop() if self._first else next(self.root)
         except StopIteration:
             self.finished = True
@@ -115,6 +116,7 @@ class EpochIterator:
             stats.wait_seconds += time.perf_counter() - start - worked
             stats.work_seconds += worked
         if self._reader is not None:
+            assert self._workers is not None  # an epoch's reader comes with its workers
             handed = self._reader.stats.fresh_items
             self._workers.settle(handed - self._settled)
             self._settled = handed

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
@@ -158,7 +158,8 @@ class PipelineIterator:
             # over several workers does so where the loader cannot see: each worker then gives
             # its part of the whole's extra copies, and their total varies a little.
             share = known_length(dataset)
-        node: BaseNode[Any] = Tagged(read_ahead(source, opts.read_ahead))
+        # The options' defaults are derived on construction: read_ahead is an int here.
+        node: BaseNode[Any] = Tagged(read_ahead(source, cast(int, opts.read_ahead)))
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
             return n if per_example is None else Mapper(n, OnItem(per_example))
@@ -240,15 +241,17 @@ def echo_stage(
         return AdaptiveEcho(
             source,
             max_factor=opts.max_echo_factor,
-            buffer_size=opts.reuse_buffer,
-            policy=opts.reuse_policy,
+            # Derived on construction where not given: never None here.
+            buffer_size=cast(int, opts.reuse_buffer),
+            policy=cast(str, opts.reuse_policy),
             seed=seed,
             copy=copy,
             # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
             # make it reuse while fresh examples are on their way, and hold the reader back.
             queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
         )
-    return Echo(source, opts.echo_factor, seed=seed, copy=copy, length=length)
+    factor = cast(float, opts.echo_factor)  # a number: not "auto"
+    return Echo(source, factor, seed=seed, copy=copy, length=length)
 
 
 def close_chain(node: Any) -> None:
