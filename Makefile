@@ -36,6 +36,7 @@ test: $(STAMP) system-packages lint
 lint: $(STAMP)
 	$(BIN)/ruff check dataecho experiments benchmarks scripts tests
 	$(BIN)/ruff format --check dataecho experiments benchmarks scripts tests
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format dataecho experiments benchmarks scripts tests
@@ -45,4 +46,4 @@ bench: $(STAMP) system-packages
 	$(BIN)/python -m benchmarks adaptive
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -15,7 +15,7 @@ import torch
 _CONTAINERS = (tuple, list, dict)
 
 
-def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """``batch`` with ``fn`` applied to each tensor in it (tuples, named tuples, lists and dicts
     rebuilt with their types; other leaves kept as they are)."""
     if isinstance(batch, torch.Tensor):

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dataecho.errors import DataechoTypeError, DataechoValueError
 
@@ -77,7 +77,8 @@ def non_negative_int(
     a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         Int(0, high=high, hint=hint).check(name, value)  # raises the type error
-    return Int(0, high=high, why=why, hint=hint or "use 0 to disable").check(name, value)
+    # An Int without ``none`` never returns None.
+    return cast(int, Int(0, high=high, why=why, hint=hint or "use 0 to disable").check(name, value))
 
 
 def buffer_size(value: object, *, low: int, hint: str, name: str = "buffer_size") -> int:
@@ -92,7 +93,7 @@ def positive_int(
 ) -> int:
     """Return ``value`` as an int >= 1 (and <= ``high``, ``why`` saying the reason), or raise
     a clear error."""
-    return Int(1, high=high, why=why, hint=hint).check(name, value)
+    return cast(int, Int(1, high=high, why=why, hint=hint).check(name, value))  # never None
 
 
 def one_of(value: object, choices: tuple[str, ...], *, name: str) -> str:
@@ -101,7 +102,7 @@ def one_of(value: object, choices: tuple[str, ...], *, name: str) -> str:
         raise DataechoValueError(
             f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 def seed(value: object) -> int | None:
@@ -175,7 +176,7 @@ class Int(Check):
             )
         if value < self.low:
             raise DataechoValueError(f"{name} must be >= {self.low}{off}, got {value!r}{fix}")
-        if self.high is not None and value > self.high:
+        if self.high is not None and int(value) > self.high:  # numbers.Integral has no >
             why = f" ({self.why})" if self.why else ""
             raise DataechoValueError(
                 f"{name} must be {self.describe()}{off}, got {value!r}{why}{fix}"
@@ -249,7 +250,7 @@ class Choice(Check):
     none: str = ""
 
     @property
-    def metavar(self) -> str:
+    def metavar(self) -> str:  # type: ignore[override]  # read only, as Check's is in use
         return "{" + ",".join(self.choices) + "}"
 
     def check(self, name: str, value: Any) -> str | None:

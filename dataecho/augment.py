@@ -57,7 +57,9 @@ class ShiftFlip:
     """
 
     def __init__(self, pad: int = 2, flip: bool = True) -> None:
-        if isinstance(pad, bool) or not isinstance(pad, numbers.Integral):
+        # int (float) first in these checks: type checkers take numbers.Integral (numbers.Real)
+        # as unrelated to int (float), and would skip the rest of the method as unreachable.
+        if isinstance(pad, bool) or not isinstance(pad, (int, numbers.Integral)):
             raise AugmentTypeError(f"pad must be an int >= 0, got {pad!r}; use e.g. pad=2")
         if pad < 0:
             raise AugmentError(f"pad must be >= 0 pixels, got {pad}; use pad=0 for no shift")
@@ -133,7 +135,11 @@ class RandomResizedCrop:
         self.size = _pair_of_sizes(size)
         self.scale = _range("scale", scale, upper=1.0, fix="e.g. scale=(0.08, 1.0)")
         self.ratio = _range("ratio", ratio, upper=math.inf, fix="e.g. ratio=(3/4, 4/3)")
-        if isinstance(attempts, bool) or not isinstance(attempts, numbers.Integral) or attempts < 1:
+        if (
+            isinstance(attempts, bool)
+            or not isinstance(attempts, (int, numbers.Integral))
+            or attempts < 1
+        ):
             raise AugmentError(f"attempts must be an int >= 1, got {attempts!r}; the usual is 10")
         self.attempts = int(attempts)
 
@@ -216,9 +222,9 @@ class Normalize:
     """
 
     def __init__(self, mean: float, std: float) -> None:
-        if not isinstance(std, numbers.Real) or not 0 < std < float("inf"):
+        if not isinstance(std, (float, numbers.Real)) or not 0 < std < float("inf"):
             raise AugmentError(f"std must be a finite number > 0, got {std!r}; e.g. std=0.35")
-        if not isinstance(mean, numbers.Real) or not abs(mean) < float("inf"):
+        if not isinstance(mean, (float, numbers.Real)) or not abs(mean) < float("inf"):
             raise AugmentTypeError(f"mean must be a finite number, got {mean!r}; e.g. mean=0.29")
         self.mean, self.std = float(mean), float(std)
 
@@ -237,7 +243,8 @@ class Compose:
     """``ops`` applied in order to a batch, each drawing from the same generator."""
 
     def __init__(self, ops: Sequence[Op]) -> None:
-        if not isinstance(ops, Sequence) or isinstance(ops, str):
+        # A str is a Sequence (of str, not of ops: the annotation says it cannot come).
+        if not isinstance(ops, Sequence) or isinstance(ops, str):  # type: ignore[unreachable]
             raise AugmentTypeError(
                 f"Compose takes a list of ops, got {type(ops).__name__}; "
                 "write Compose([ShiftFlip(2), ...])"

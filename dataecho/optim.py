@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,9 +35,14 @@ def _positive(value: object, *, name: str) -> Scalar:
         return value.detach()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise DataechoTypeError(f"{name} must be a float > 0 or a tensor of them, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and float(value) > 0):  # the float is what is used
         raise DataechoValueError(f"{name} must be finite and > 0 (e.g. 0.1), got {value!r}")
     return float(value)
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p.grad`` in an update: the step's ``backward()`` set it (the loss depends on ``p``)."""
+    return cast(torch.Tensor, p.grad)
 
 
 class EchoedOptimizer:
@@ -117,7 +122,7 @@ class EchoedGD(EchoedOptimizer):
 
     def _update(self) -> None:
         for p in self.params:
-            p.sub_(self.lr * p.grad)
+            p.sub_(self.lr * _grad(p))
 
 
 class EchoedProxGD(EchoedOptimizer):
@@ -142,7 +147,7 @@ class EchoedProxGD(EchoedOptimizer):
 
     def _update(self) -> None:
         for p, anchor in zip(self.params, self.state["anchor"], strict=True):
-            p.sub_(self.lr * (p.grad + (p - anchor) / self.gamma))
+            p.sub_(self.lr * (_grad(p) + (p - anchor) / self.gamma))
 
 
 class EchoedNesterov(EchoedOptimizer):
@@ -177,7 +182,7 @@ class EchoedNesterov(EchoedOptimizer):
         t = self.steps
         mu = t / (t + 3) if self.momentum is None else self.momentum
         for p, y in zip(self.params, self.state["y"], strict=True):
-            y_next = p - self.lr * p.grad
+            y_next = p - self.lr * _grad(p)
             p.copy_(y_next + mu * (y_next - y))
             y.copy_(y_next)
 

@@ -109,7 +109,8 @@ class TrainingProgress:
             total_steps = _validate.positive_int(total_steps, name="total_steps", hint="or None")
         if batch_size is not None:
             batch_size = _validate.positive_int(batch_size, name="batch_size", hint="or None")
-        if not isinstance(refresh_seconds, numbers.Real) or not refresh_seconds > 0:
+        # float first: type checkers take numbers.Real as unrelated to float.
+        if not isinstance(refresh_seconds, (float, numbers.Real)) or not refresh_seconds > 0:
             raise DataechoValueError(
                 f"refresh_seconds must be a number > 0, got {refresh_seconds!r}; e.g. 0.5"
             )

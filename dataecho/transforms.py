@@ -71,7 +71,7 @@ class OnInput:
             out[index] = new
             return out
         if hasattr(sample, "_fields"):  # a namedtuple keeps its type and field names
-            return sample._replace(**{sample._fields[index]: new})
+            return sample._replace(**{sample._fields[index]: new})  # type: ignore[attr-defined]
         items = list(sample)
         items[index] = new
         return tuple(items) if type(sample) is tuple else type(sample)(items)

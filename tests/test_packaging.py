@@ -110,3 +110,12 @@ def test_the_library_source_imports_only_the_standard_library_and_its_four_depen
                 if name.split(".")[0] not in allowed or name.startswith("dataecho.app"):
                     found[f"{path.relative_to(ROOT)}:{node.lineno}"] = name
     assert not found, found
+
+
+def test_the_package_ships_its_type_marker_and_its_license():
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "py.typed" in setuptools["package-data"]["dataecho"]
+    assert (ROOT / "dataecho" / "py.typed").is_file()
+    assert PROJECT["license"] == "Apache-2.0" and PROJECT["license-files"] == ["LICENSE"]
+    words = (ROOT / "LICENSE").read_text().split()
+    assert words[:5] == ["Apache", "License", "Version", "2.0,", "January"], words[:5]

@@ -18,7 +18,7 @@ of the stages at each ``where`` is decided here only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode, Mapper
@@ -158,15 +158,17 @@ def echo_stage(
         return AdaptiveEcho(
             source,
             max_factor=opts.max_echo_factor,
-            buffer_size=opts.reuse_buffer,
-            policy=opts.reuse_policy,
+            # Derived on construction where not given: never None here.
+            buffer_size=cast(int, opts.reuse_buffer),
+            policy=cast(str, opts.reuse_policy),
             seed=seed,
             copy=copy,
             # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
             # make it reuse while fresh examples are on their way, and hold the reader thread back.
             queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
         )
-    return Echo(source, opts.echo_factor, seed=seed, copy=copy, length=length)
+    factor = cast(float, opts.echo_factor)  # a number: not "auto"
+    return Echo(source, factor, seed=seed, copy=copy, length=length)
 
 
 def close_chain(node: Any) -> None:

@@ -36,7 +36,14 @@ class LoaderCheckpoint:
     _dropped: dict[str, Any] | None  # the position of a dropped iterator
     _resume: dict[str, Any] | None  # a loaded position not yet iterated
     _resume_asked: int | None
-    _iterator: EpochIterator | None  # the epoch's iterator, if still referenced
+
+    # The loader's own, declared here for the methods below.
+    @property
+    def _iterator(self) -> EpochIterator | None:  # the epoch's iterator, if still referenced
+        raise NotImplementedError
+
+    def __len__(self) -> int:  # batches per epoch
+        raise NotImplementedError
 
     def _live_position(self) -> dict[str, Any] | None:
         """The epoch in progress (live or dropped mid-epoch): its root's state and the batches
@@ -66,13 +73,13 @@ class LoaderCheckpoint:
             return {**self._resume, "stats": self.stats.state_dict()}
         position = self._live_position()
         live = position is not None
-        ended = not live or self._ended_at(position["yielded"])
+        ended = position is None or self._ended_at(position["yielded"])
         state: dict[str, Any] = {
             "epoch": self._epoch,
             "next_epoch": self._epoch + 1 if ended else self._epoch,
             "seed": self.seed,
-            "root": position["root"] if live else None,
-            "yielded": position["yielded"] if live else 0,
+            "root": position["root"] if position is not None else None,
+            "yielded": position["yielded"] if position is not None else 0,
             "stats": self.stats.state_dict(),
         }
         indices = self._pipeline.fields.indices if live else None  # a copy

@@ -147,6 +147,7 @@ def _vision(dataset: Any) -> LiftedTransform | None:
                 f"augmentation as EchoingDataLoader(transform=...)"
             )
         if target is None:
+            assert transform is not None  # not both None: that is the branch above
             per_copy = InputTransform(transform)
         else:
             per_copy = SeparateTransforms(transform, target, type(dataset).__name__)

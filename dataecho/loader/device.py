@@ -54,7 +54,8 @@ def resolve_device(name: str) -> torch.device:
                 f"cuda:{count - 1}); pass one of those"
             )
         if device.index is None:  # the one "cuda" means now, as tensors on it will name it
-            device = torch.device("cuda", torch.cuda.current_device())
+            # torch's stubs type device.index as int; it is None for a bare "cuda".
+            device = torch.device("cuda", torch.cuda.current_device())  # type: ignore[unreachable]
     return device
 
 

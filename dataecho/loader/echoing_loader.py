@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import Sampler, default_collate
@@ -165,10 +165,11 @@ class EchoingDataLoader(LoaderCheckpoint):
                 dataset, batch_size, shuffle, sampler, batch_sampler, persistent_workers,
                 self.num_workers,
             )  # fmt: skip
-            given = {name: value for name, value in echo.items() if value is not None}
+            given: dict[str, Any] = {k: v for k, v in echo.items() if v is not None}
             options = LoaderOptions(
-                batch_size=batch_size, shuffle=bool(shuffle), drop_last=bool(drop_last), **given
-            )
+                batch_size=cast(int, batch_size),  # None was refused just above
+                shuffle=bool(shuffle), drop_last=bool(drop_last), **given,
+            )  # fmt: skip
         else:
             check_options_alone(options, echo, batch_size=batch_size, shuffle=shuffle,
                                 drop_last=drop_last)  # fmt: skip
@@ -200,7 +201,8 @@ class EchoingDataLoader(LoaderCheckpoint):
         self.stats = EchoStats()
         opts = self.options
         # where="device": the device batches are echoed on (checked here, where it must exist).
-        self._device = resolve_device(opts.device) if opts.where == "device" else None
+        # LoaderOptions derives opts.device for where="device": it is a str there.
+        self._device = resolve_device(cast(str, opts.device)) if opts.where == "device" else None
         self._pipeline = PipelineDataset(
             dataset, opts, self.collate_fn, persistent_workers=self.persistent_workers
         )

@@ -100,6 +100,7 @@ class EpochIterator:
                 self._counting = epoch.counting
                 self._settled, self._first = epoch.settled, epoch.first
                 self.yielded = epoch.yielded
+            assert self.root is not None  # begin() set it
             batch = self._first.pop() if self._first else next(self.root)
         except StopIteration:
             self.finished = True
@@ -116,6 +117,7 @@ class EpochIterator:
             stats.wait_seconds += time.perf_counter() - start - worked
             stats.work_seconds += worked
         if self._counting is not None:
+            assert self._workers is not None  # an epoch's counting stage comes with its workers
             handed = self._counting.stats.fresh_items
             self._workers.settle(handed - self._settled)
             self._settled = handed

@@ -11,7 +11,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -203,7 +203,7 @@ class LoaderOptions:
     @property
     def echoes(self) -> bool:
         """True when an echo stage is needed at all."""
-        return self.adaptive or self.echo_factor > 1
+        return self.adaptive or cast(float, self.echo_factor) > 1  # a number unless adaptive
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -305,7 +305,7 @@ def default_prefetch(opts: LoaderOptions) -> int:
     """
     if opts.batch_level or opts.adaptive:
         return 2
-    return min(2 * math.ceil(opts.echo_factor), MAX_PREFETCH)
+    return min(2 * math.ceil(cast(float, opts.echo_factor)), MAX_PREFETCH)  # not adaptive
 
 
 def check_dataloader_arguments(

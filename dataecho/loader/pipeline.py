@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -139,7 +139,8 @@ class PipelineIterator:
             # over several workers does so where the loader cannot see: each worker then gives
             # its part of the whole's extra copies, and their total varies a little.
             share = known_length(dataset)
-        node: BaseNode[Any] = Tagged(read_ahead(source, opts.read_ahead))
+        # The options' defaults are derived on construction: read_ahead is an int here.
+        node: BaseNode[Any] = Tagged(read_ahead(source, cast(int, opts.read_ahead)))
         node = example_stages(node, opts, seed, per_example=per_example,
                               collate_fn=owner.collate_fn, length=share)  # fmt: skip
         self._delivery = Delivery(

@@ -98,6 +98,7 @@ class MixExamples(Stage[Any]):
         self._used.index_fill_(0, picked, False)
         self._free = torch.cat([self._free, picked])
         self.stats.items_out += 1
+        assert self._layout is not None  # a size was queued, so _add has run and set it
         return self._layout.from_words(out)
 
     def _add(self, batch: Any) -> None:

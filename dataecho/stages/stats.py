@@ -171,7 +171,7 @@ def item_counts(stats: object) -> tuple[float, float] | None:
     """(fresh items, items out) of an :class:`EchoStats` or any object with either pair of
     counters (``fresh_items``/``items_out``, else ``fresh_examples``/``examples_out``)."""
     for names in (("fresh_items", "items_out"), ("fresh_examples", "examples_out")):
-        counts = [getattr(stats, name, None) for name in names]
+        counts: list[Any] = [getattr(stats, name, None) for name in names]
         if all(isinstance(c, numbers.Real) for c in counts):
             return float(counts[0]), float(counts[1])
     return None

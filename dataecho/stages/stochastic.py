@@ -77,7 +77,8 @@ class StochasticEcho(Stage[T]):
         if not callable(self.load_prob):
             return self.load_prob
         p = self.load_prob(step)
-        if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        # float first: type checkers take numbers.Real as unrelated to float.
+        if isinstance(p, bool) or not isinstance(p, (float, numbers.Real)):
             raise DataechoTypeError(
                 f"load_prob schedule {self.load_prob!r} returned {p!r} (type "
                 f"{type(p).__name__}) at step {step}; it must return a float in (0, 1]"
