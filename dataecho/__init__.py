@@ -21,7 +21,12 @@ The ``dataecho`` command, its demo and training runs are the application,
 """
 
 from dataecho import augment, schedules, transforms
-from dataecho.errors import DataechoError, DataechoTypeError, DataechoValueError
+from dataecho.errors import (
+    DataechoAttributeError,
+    DataechoError,
+    DataechoTypeError,
+    DataechoValueError,
+)
 from dataecho.loader import EchoingDataLoader, LoaderOptions
 from dataecho.loader.dataset_transform import IdenticalCopiesWarning
 from dataecho.optim import EchoedGD, EchoedNesterov, EchoedOptimizer, EchoedProxGD
@@ -48,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveEcho",
     "DataechoError",
+    "DataechoAttributeError",
     "DataechoTypeError",
     "DataechoValueError",
     "Echo",

@@ -21,4 +21,9 @@ class DataechoTypeError(DataechoError, TypeError):
     where a function goes)."""
 
 
-__all__ = ["DataechoError", "DataechoTypeError", "DataechoValueError"]
+class DataechoAttributeError(DataechoError, AttributeError):
+    """A name that has no meaning on this object (an examples counter of a stage that counts
+    whole batches): the message names the one to read instead."""
+
+
+__all__ = ["DataechoAttributeError", "DataechoError", "DataechoTypeError", "DataechoValueError"]

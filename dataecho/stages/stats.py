@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.nodes import BaseNode
 
-from dataecho.errors import DataechoValueError
+from dataecho.errors import DataechoAttributeError, DataechoValueError
 
 UNITS = ("examples", "batches")
 
@@ -26,8 +25,8 @@ class EchoStats:
     "examples", or "batches" on a stage whose items are whole batches (its source is a
     batching loader, see :func:`item_unit`; for batch echoing). The loader always counts
     examples. ``fresh_examples``, ``examples_out`` and ``echoed_examples`` are the same
-    counters under the name of their unit: exact where ``unit`` is "examples"; read on a stage
-    that counts batches they warn (a DeprecationWarning: they used to count batches there).
+    counters under the name of their unit, so they always count examples: on a stage that
+    counts batches they raise ``DataechoAttributeError`` naming the neutral counter to read.
     """
 
     fresh_items: int
@@ -117,12 +116,9 @@ class EchoStats:
 
     def _examples(self, name: str, neutral: str) -> Any:
         if self.unit != "examples":
-            warnings.warn(
-                f"EchoStats.{name} on a stage that counts {self.unit} is a count of "
-                f"{self.unit}: read stats.{neutral} (in stats.unit); {name} will count only "
-                "examples in the next release",
-                DeprecationWarning,
-                stacklevel=3,
+            raise DataechoAttributeError(
+                f"EchoStats.{name} counts examples, and this stage counts {self.unit}: read "
+                f"stats.{neutral} (a count of {self.unit}, as stats.unit says)"
             )
         return getattr(self, neutral)
 

@@ -11,6 +11,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Tensor
 from torchdata.nodes import IterableWrapper
 
 from dataecho import EchoingDataLoader
+from dataecho.errors import DataechoAttributeError
 from dataecho.stages import EchoStats, adaptive_echo, echo, shuffle, stochastic_echo
 from dataecho.stages.stats import item_unit
 
@@ -150,19 +151,21 @@ def test_stages_over_a_dataloader_count_batches(kind: str) -> None:
     assert over_examples.stats.examples_out == n
 
 
-def test_the_examples_names_on_a_stage_that_counts_batches_warn() -> None:
+def test_the_examples_names_on_a_stage_that_counts_batches_name_the_counter_to_read() -> None:
     node = echo(DataLoader(dataset(), batch_size=4), 2, seed=0)
     list(node)
     s = node.stats
     for name, neutral in [("fresh_examples", "fresh_items"), ("examples_out", "items_out"),
                           ("echoed_examples", "echoed_items")]:  # fmt: skip
-        with pytest.warns(DeprecationWarning, match=rf"{name} .*counts batches.*stats\.{neutral}"):
-            assert getattr(s, name) == getattr(s, neutral)
-    with pytest.warns(DeprecationWarning, match="fresh_examples"):
+        with pytest.raises(DataechoAttributeError, match=rf"{name} counts examples.*counts "
+                           rf"batches: read stats\.{neutral}"):  # fmt: skip
+            getattr(s, name)
+        assert getattr(s, name, None) is None  # an AttributeError: getattr's default applies
+    with pytest.raises(AttributeError, match="fresh_examples"):
         s.fresh_examples = 1
-    assert s.fresh_items == 1
-    with pytest.warns(DeprecationWarning, match="examples_out"):
-        assert EchoStats(examples_out=3, unit="batches").items_out == 3
+    assert s.fresh_items == 6  # unchanged: 24 examples in batches of 4
+    with pytest.raises(AttributeError, match="examples_out"):
+        EchoStats(examples_out=3, unit="batches")
 
 
 def test_unit_is_not_in_the_state_and_survives_a_resume() -> None:
