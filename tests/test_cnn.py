@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dataecho.app.workloads.augment import normalize
+from dataecho.app.workloads.image_augment import normalize
 from dataecho.app.workloads.cnn import SmallCNN, evaluate
 
 

@@ -299,8 +299,8 @@ def test_the_loader_options_help_and_checks_come_from_loader_options():
 
 
 def test_a_resume_compares_the_loaders_settings():
-    from dataecho.app.checkpoint import CheckpointError, check_same
-    from dataecho.app.training.checkpoints import RESUME_MUST_MATCH
+    from dataecho.app.checkpoint_file import CheckpointError, check_same
+    from dataecho.app.training.save_resume import RESUME_MUST_MATCH
 
     saved = TrainConfig(echo_factor=2, where="after_augment", shuffle_buffer=64).to_dict()
     assert set(LOADER_KEYS) <= set(saved)  # flat, where check_same looks for them

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from dataecho.app import cli
-from dataecho.app.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from dataecho.app.checkpoint_file import CheckpointError, list_checkpoints, load_checkpoint
 from dataecho.app.config import ConfigError, TrainConfig
 from dataecho.app.config_file import config_from
 from dataecho.app.train import train

@@ -25,7 +25,7 @@ from test_loader import Numbers
 from test_reliability_resume import synthetic
 
 from dataecho import EchoingDataLoader
-from dataecho.app.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dataecho.app.checkpoint_file import latest_checkpoint, list_checkpoints, load_checkpoint
 from dataecho.app.cli import build_parser
 from dataecho.app.config import ConfigError, TrainConfig
 from dataecho.app.config_file import config_from

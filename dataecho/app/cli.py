@@ -31,7 +31,7 @@ from typing import Any
 
 from dataecho._validate import Bool, Choice, Int, Real
 from dataecho.app import demo
-from dataecho.app.checkpoint import CheckpointError
+from dataecho.app.checkpoint_file import CheckpointError
 from dataecho.app.config import CLI_TARGETS, ConfigError, flag, options
 from dataecho.app.config_file import config_from
 from dataecho.app.distributed import LaunchError, RankFailure

@@ -42,7 +42,7 @@ and returns rank 0's :class:`~dataecho.app.distributed.result.DistributedResult`
 
 Checkpoints (``checkpoint_dir``): every ``checkpoint_every`` steps and at the end, the model,
 optimizer, loader state, counters, history and the loop's RNG, written atomically
-(:mod:`dataecho.app.training.checkpoints`). ``resume`` continues from the latest one. With
+(:mod:`dataecho.app.training.save_resume`). ``resume`` continues from the latest one. With
 ``checkpoint_on_exit``, SIGINT or SIGTERM also writes one at the step reached (the step under
 way finishes first; a wait for data is cut short) before the run stops
 (:mod:`dataecho.app.shutdown`). An in-memory upstream is map-style and resumes exactly where the
@@ -74,7 +74,7 @@ from dataecho.app.distributed.signals import StopSignals, stopping, void
 from dataecho.app.distributed.strategy import make_sync
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.shutdown import ExitCheckpoint
-from dataecho.app.training.checkpoints import (
+from dataecho.app.training.save_resume import (
     RESUME_MUST_MATCH,
     RunParts,
     resume_or_start,

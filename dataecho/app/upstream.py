@@ -43,7 +43,7 @@ from dataecho.app.sources import shards
 from dataecho.app.sources.fashion_mnist import DataNotFoundError, FashionMNIST, load_split
 from dataecho.app.sources.retrying import UpstreamError
 from dataecho.app.sources.throttled import Throttled
-from dataecho.app.workloads.augment import (
+from dataecho.app.workloads.image_augment import (
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
     Augment,
@@ -135,7 +135,7 @@ def build_data(cfg: TrainConfig) -> Data:
 
 def device_augment(pad: int) -> augment.Compose:
     """The cnn augmentation as device ops: the same shift, flip and normalisation as
-    :class:`~dataecho.app.workloads.augment.Augment`, drawn per copy on the training device."""
+    :class:`~dataecho.app.workloads.image_augment.Augment`, drawn per copy on the training device."""
     return augment.Compose(
         [augment.ShiftFlip(pad), augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)]
     )

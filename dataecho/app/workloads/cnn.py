@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dataecho.app.workloads.augment import normalize
+from dataecho.app.workloads.image_augment import normalize
 
 
 class SmallCNN(nn.Module):
     """conv5x5/2(width) -> conv3x3/2(2 width) -> fc(128) -> fc(classes), ReLUs between.
 
-    Input: float (N, C, 28, 28), normalised (see :class:`~dataecho.app.workloads.augment.Augment`).
+    Input: float (N, C, 28, 28), normalised (see :class:`~dataecho.app.workloads.image_augment.Augment`).
     """
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16) -> None:
@@ -58,7 +58,7 @@ def evaluate(
 
     ``data`` is either a pair of tensors ``(images, labels)`` (evaluated in chunks of
     ``batch_size``) or an iterable of such batches, e.g. a DataLoader. uint8 images are
-    normalised with :func:`~dataecho.app.workloads.augment.normalize`; float ones are used as given.
+    normalised with :func:`~dataecho.app.workloads.image_augment.normalize`; float ones are used as given.
     """
     if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], torch.Tensor):
         images, labels = data

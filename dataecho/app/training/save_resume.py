@@ -18,7 +18,7 @@ more (a larger budget or ``max_steps``). Each kind resumes only its own kind of 
 Before a run starts, its folder is checked (by rank 0 in a data-parallel run): it can be
 created, written to, and has room for the checkpoints to come (:func:`check_folder`), so a bad
 folder fails at once, not after the training time is spent. Writes are atomic
-(:mod:`dataecho.app.checkpoint`): a failed one raises, naming the file and why, and leaves the
+(:mod:`dataecho.app.checkpoint_file`): a failed one raises, naming the file and why, and leaves the
 earlier checkpoints loadable. Each file carries its checksum: a resume skips a damaged one for
 the newest intact one and says so.
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from dataecho.app.checkpoint import (
+from dataecho.app.checkpoint_file import (
     CheckpointError,
     check_checkpoint_dir,
     check_same,
