@@ -275,7 +275,11 @@ def test_the_module_is_public_on_the_package():
 
 
 def test_normalize_matches_the_host_side_normalisation_for_uint8_and_float():
-    from dataecho.app.workloads.image_augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, normalize
+    from dataecho.app.workloads.image_augment import (
+        FASHION_MNIST_MEAN,
+        FASHION_MNIST_STD,
+        normalize,
+    )
 
     images = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
     op = dataecho.augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)

@@ -27,8 +27,8 @@ from test_reliability_resume import synthetic
 from dataecho import EchoingDataLoader
 from dataecho.app.checkpoint_file import latest_checkpoint, list_checkpoints, load_checkpoint
 from dataecho.app.cli import build_parser
-from dataecho.app.config import ConfigError, TrainConfig
-from dataecho.app.config_file import config_from
+from dataecho.app.config import TrainConfig
+from dataecho.app.config_file import ConfigError, config_from
 from dataecho.app.shutdown import ExitCheckpoint, Terminated
 from dataecho.app.sources.fashion_mnist import (
     DEFAULT_DATA_DIR,

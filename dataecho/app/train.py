@@ -74,13 +74,6 @@ from dataecho.app.distributed.signals import StopSignals, stopping, void
 from dataecho.app.distributed.strategy import make_sync
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.shutdown import ExitCheckpoint
-from dataecho.app.training.save_resume import (
-    RESUME_MUST_MATCH,
-    RunParts,
-    resume_or_start,
-    save,
-    save_on_exit,
-)
 from dataecho.app.training.device import training_device
 from dataecho.app.training.loader import make_loader
 from dataecho.app.training.recipe import (
@@ -100,6 +93,13 @@ from dataecho.app.training.record import (
     ended_children_cpu_seconds,
     line_logger,
     train_result,
+)
+from dataecho.app.training.save_resume import (
+    RESUME_MUST_MATCH,
+    RunParts,
+    resume_or_start,
+    save,
+    save_on_exit,
 )
 from dataecho.app.training.schedule import (
     checkpoint_due,

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from dataecho.app import workloads
 from dataecho.app.checkpoint_file import (
     CheckpointError,
     check_checkpoint_dir,
@@ -233,7 +234,7 @@ def checkpoint_bytes(cfg: TrainConfig, model: torch.nn.Module, *, loaders: int =
     history, RNG states).
     """
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    per_example = 4 * 28 * 28 if cfg.workload == "cnn" else 2 * 8 * cfg.seq_len
+    per_example = workloads.get(cfg.workload).example_bytes(cfg)
     shuffled = cfg.shuffle_buffer * (cfg.batch_size if cfg.loader.shuffles_batches else 1)
     buffered = (shuffled + 2 * cfg.batch_size) * per_example * max(1, cfg.num_workers)
     factor = cfg.max_echo_factor if cfg.echo_factor == "auto" else cfg.echo_factor
