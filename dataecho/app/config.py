@@ -138,14 +138,14 @@ class TrainConfig:
     )
     lr: float | None = _opt(
         None, Real(0, low_open=True, none="default"), "training",
-        "learning rate (default: 0.05 with SGD for cnn, 0.003 with AdamW for char-lm)",
+        "learning rate of the workload's optimizer, SGD for cnn and AdamW for char-lm",
     )  # fmt: skip
     momentum: float = _opt(
         0.9, Real(0, 1, high_open=True), "training", "cnn: Nesterov momentum of SGD"
     )
     budget: int | None = _opt(
         None, Int(1, none="default"), "stopping",
-        "stop after this many fresh examples (default: 180,000 for cnn, 64,000 for char-lm)",
+        "stop after this many fresh examples",
     )  # fmt: skip
     max_steps: int | None = _opt(
         None, Int(1, none="off"), "stopping", "stop after this many steps (default: no limit)"
@@ -166,13 +166,11 @@ class TrainConfig:
     )  # fmt: skip
     eval_every: int | None = _opt(
         None, Int(1, none="default"), "evaluation",
-        "fresh examples between evaluations and log lines (default: 6,000 for cnn, 3,200 for "
-        "char-lm); their time counts in the wall time",
+        "fresh examples between evaluations and log lines; their time counts in the wall time",
     )  # fmt: skip
     eval_examples: int | None = _opt(
         None, Int(1, none="default"), "evaluation",
-        "test (cnn) or validation (char-lm) examples per evaluation; the final one uses all "
-        "(default: 5,000 for cnn, 512 for char-lm)",
+        "test (cnn) or validation (char-lm) examples per evaluation; the final one uses all",
     )  # fmt: skip
     screen_examples: int = _opt(
         0, Int(0), "evaluation",

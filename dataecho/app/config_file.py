@@ -49,17 +49,18 @@ class Option:
         return {"check": self.check, "group": self.group, "help": self.help}
 
 
+def _help(name: str, text: str) -> str:
+    """``text``, and the workloads' defaults of a setting that has them."""
+    if name not in DEFAULTED:
+        return text
+    each = (f"{w.defaults[name]:,} for {w.name}" for w in workloads.REGISTRY.values())
+    return f"{text} (default: {', '.join(each)})"
+
+
 def _loader_option(f: dataclasses.Field) -> Option:
-    text = f.metadata["help"]
-    if f.name in DEFAULTED:
-        text += (
-            " (default: "
-            + ", ".join(f"{w.defaults[f.name]:,} for {w.name}" for w in workloads.REGISTRY.values())
-            + ")"
-        )
     default = None if f.default is MISSING else f.default
     return Option(f.name, default, loader_check(f.name), LOADER_GROUPS.get(f.name, "echoing"),
-                  text)  # fmt: skip
+                  _help(f.name, f.metadata["help"]))  # fmt: skip
 
 
 def _options() -> Iterator[Option]:
@@ -68,7 +69,8 @@ def _options() -> Iterator[Option]:
             yield from (_loader_option(LOADER_FIELDS[name]) for name in LOADER_KEYS)
         else:
             meta = f.metadata
-            yield Option(f.name, f.default, meta["check"], meta["group"], meta["help"])
+            yield Option(f.name, f.default, meta["check"], meta["group"],
+                         _help(f.name, meta["help"]))  # fmt: skip
 
 
 _OPTIONS = tuple(_options())
