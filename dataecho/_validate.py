@@ -149,6 +149,16 @@ class Check:
         return f" or '{self.none}'" if self.none else ""
 
 
+def checked(name: str, check: Check, value: Any) -> Any:
+    """``check.check(name, value)``. An error it raises carries ``setting = name``, so that
+    the edge a value came through (a flag, a TOML key) can say where it came from."""
+    try:
+        return check.check(name, value)
+    except (TypeError, ValueError) as err:
+        err.setting = name  # type: ignore[attr-defined]
+        raise
+
+
 def _fix(hint: str) -> str:
     return f"; {hint}" if hint else ""
 

@@ -49,7 +49,7 @@ class ShiftFlip:
     Output pixel ``(i, j)`` of a sample is pixel ``(i + dy, j + dx)`` of the (flipped) input, 0
     where that falls outside, with ``dy, dx`` uniform in ``-pad..pad`` and a flip with
     probability 1/2 (when ``flip``). The ``(flipped, dy, dx)`` combinations are numbered as in
-    :class:`dataecho.app.workloads.augment.Augment`: draw ``k`` in ``0..choices-1`` means
+    :class:`dataecho.app.workloads.image_augment.Augment`: draw ``k`` in ``0..choices-1`` means
     ``flipped, dy, dx = k // s**2, k // s % s - pad, k % s - pad`` with ``s = 2 * pad + 1``. One
     draw per sample comes from ``torch.randint(0, choices, (N,))``, so a generator seeded like
     that transform's global RNG picks the same shifts and flips. ``sample`` and ``apply`` are

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from benchmarks import common
 from dataecho import EchoingDataLoader
-from dataecho.app.workloads.augment import Augment
+from dataecho.app.workloads.image_augment import Augment
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def sample(progress: dict[str, int], start: float) -> dict[str, float]:
 
 def run(s: Settings, log: Any = print) -> list[dict[str, float]]:
     """Stream for ``s.minutes``; return the samples (see the module docstring)."""
-    from dataecho.app.checkpoint import save_checkpoint
+    from dataecho.app.checkpoint_file import save_checkpoint
     from dataecho.app.config import TrainConfig
     from dataecho.app.sources.nginx import NginxServer
     from dataecho.app.training.loader import make_loader

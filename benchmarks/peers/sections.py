@@ -21,8 +21,8 @@ from benchmarks.peers.loaders import Case, build
 from benchmarks.peers.settings import Settings
 from dataecho.app.sources.fashion_mnist import FashionMNIST
 from dataecho.app.sources.throttled import Throttled
-from dataecho.app.workloads.augment import Augment
 from dataecho.app.workloads.cnn import evaluate
+from dataecho.app.workloads.image_augment import Augment
 from dataecho.stages import echo
 
 

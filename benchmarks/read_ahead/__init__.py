@@ -35,7 +35,7 @@ from benchmarks.peers.sections import Context, Window, train_window
 from benchmarks.peers.settings import Settings
 from dataecho.app.sources.fashion_mnist import FashionMNIST
 from dataecho.app.sources.throttled import Throttled
-from dataecho.app.workloads.augment import Augment
+from dataecho.app.workloads.image_augment import Augment
 
 HEADERS = ["upstream", "R", "loader", "steps/s", "stall %", "fresh ex/s", "on / off (per round)"]
 

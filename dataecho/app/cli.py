@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from dataecho._validate import Bool, Choice, Int, Real
-from dataecho.app import demo
-from dataecho.app.config import CLI_TARGETS, flag, options
-from dataecho.app.config_file import config_from
+from dataecho.app import demo, workloads
+from dataecho.app.config_file import config_from, flag, options
 from dataecho.app.shutdown import Terminated
 from dataecho.app.upstream import DATASETS
 from dataecho.errors import DataechoError
@@ -70,7 +69,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         "echo_factor = 4); flags given here override it",
     )
     groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
-    targets = {key: f"{value:g}" for key, value in CLI_TARGETS.values()}
+    targets = {w.target_key: f"{w.cli_target:g}" for w in workloads.REGISTRY.values()}
     for f in options():
         check, text = f.check, f.help
         rules = check.describe()

@@ -4,22 +4,23 @@
     cfg = config_from("run.toml", {"echo_factor": "auto"})   # dataecho.app.config_file
 
 Every setting carries its check and help text, so the ``dataecho train`` flags, the TOML keys
-and the Python API are one list (:func:`options`) and give the same errors: the key, the value
-seen, the valid range. The loader's settings are one field, ``cfg.loader``, a
-:class:`~dataecho.loader.LoaderOptions` whose own fields define them (their checks and help);
-they are spelt flat everywhere else: ``TrainConfig(echo_factor=4)``, ``cfg.echo_factor``,
+and the Python API are one list (:func:`dataecho.app.config_file.options`) and give the same
+errors: the key, the value seen, the valid range. TrainConfig checks the training settings;
+the loader's are one field, ``cfg.loader``, a :class:`~dataecho.loader.LoaderOptions` that
+checks its own (:mod:`dataecho.app.loader_settings` routes them in and holds the run's limits
+on them). They are spelt flat at the edges: ``TrainConfig(echo_factor=4)``, ``cfg.echo_factor``,
 ``--echo-factor``, ``echo-factor = 4`` (a TOML ``[loader]`` table is read as well), and
 :meth:`TrainConfig.to_dict`. TOML keys are spelt as the flags (``echo-factor``) or as the fields
 (``echo_factor``). Settings left ``None`` that have a per-workload default are filled in from
-:data:`WORKLOAD_DEFAULTS` on construction, so a built config holds concrete values only.
+the workload's (:mod:`dataecho.app.workloads`) on construction, so a built config holds
+concrete values only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterator
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,35 +35,18 @@ from dataecho._validate import (
     PathValue,
     Real,
     Text,
+    checked,
 )
-from dataecho.app.config_checks import RUN_LOADER_CHECKS, TrainingDevice, UpstreamSpec
-from dataecho.errors import DataechoError, DataechoTypeError, DataechoValueError
+from dataecho.app import workloads
+from dataecho.app.config_checks import TrainingDevice, UpstreamSpec
+from dataecho.app.loader_settings import (
+    LOADER_KEYS,
+    run_loader,
+)
+from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader import LoaderOptions
 
-WORKLOADS = ("cnn", "char-lm")
 SYNC_MODES = ("ddp", "local-echo")  # data-parallel runs: dataecho.app.distributed
-# What "None" means for these fields, per workload (see the module docstring). Evaluations are
-# sized to decide a target while costing a small share of a run's time.
-WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
-    # SmallCNN + SGD.
-    "cnn": {"batch_size": 128, "lr": 0.05, "budget": 180_000, "eval_every": 6_000,
-            "eval_examples": 5_000},
-    # CharTransformer + AdamW; an example is one chunk of seq_len characters.
-    "char-lm": {"batch_size": 32, "lr": 3e-3, "budget": 64_000, "eval_every": 3_200,
-                "eval_examples": 512},
-}  # fmt: skip
-# The targets `dataecho train` uses unless told otherwise ("off" for none): an accuracy the cnn
-# reaches within its budget, and a loss the char-lm reaches well within its own.
-CLI_TARGETS = {"cnn": ("target_accuracy", 0.85), "char-lm": ("target_loss", 1.8)}
-# make_loader sets these loader fields from the workload's data, and the loader's device (where
-# where="device" echoes) from the run's training device; the others are run settings.
-LOADER_FROM_DATA = ("transform", "batch_transform", "device_transform", "shuffle", "drop_last")
-LOADER_FROM_RUN = ("device",)
-_LOADER_FIELDS = {f.name: f for f in dataclasses.fields(LoaderOptions) if f.init}
-LOADER_KEYS = tuple(
-    name for name in _LOADER_FIELDS if name not in LOADER_FROM_DATA + LOADER_FROM_RUN
-)
-_LOADER_GROUPS = {"batch_size": "training", "read_ahead": "machine"}  # the rest: "echoing"
 # Upper limits of values that the machinery below takes in a fixed-size C number, or that no
 # real run needs; above them a run would fail deep inside (an overflow in time.sleep, a socket
 # or torch.manual_seed), so the config refuses them with the reason.
@@ -92,7 +76,7 @@ class TrainConfig:
     *fresh* examples (read from upstream), as the paper does; echoed copies are extra steps."""
 
     workload: str = _opt(
-        "cnn", Choice(WORKLOADS), "workload",
+        "cnn", Choice(tuple(workloads.REGISTRY)), "workload",
         "a small CNN on Fashion-MNIST, or a character-level Transformer on Jane Austen's novels",
     )  # fmt: skip
     data_dir: Path | None = _opt(
@@ -155,14 +139,14 @@ class TrainConfig:
     )
     lr: float | None = _opt(
         None, Real(0, low_open=True, none="default"), "training",
-        "learning rate (default: 0.05 with SGD for cnn, 0.003 with AdamW for char-lm)",
+        "learning rate of the workload's optimizer, SGD for cnn and AdamW for char-lm",
     )  # fmt: skip
     momentum: float = _opt(
         0.9, Real(0, 1, high_open=True), "training", "cnn: Nesterov momentum of SGD"
     )
     budget: int | None = _opt(
         None, Int(1, none="default"), "stopping",
-        "stop after this many fresh examples (default: 180,000 for cnn, 64,000 for char-lm)",
+        "stop after this many fresh examples",
     )  # fmt: skip
     max_steps: int | None = _opt(
         None, Int(1, none="off"), "stopping", "stop after this many steps (default: no limit)"
@@ -183,13 +167,11 @@ class TrainConfig:
     )  # fmt: skip
     eval_every: int | None = _opt(
         None, Int(1, none="default"), "evaluation",
-        "fresh examples between evaluations and log lines (default: 6,000 for cnn, 3,200 for "
-        "char-lm); their time counts in the wall time",
+        "fresh examples between evaluations and log lines; their time counts in the wall time",
     )  # fmt: skip
     eval_examples: int | None = _opt(
         None, Int(1, none="default"), "evaluation",
-        "test (cnn) or validation (char-lm) examples per evaluation; the final one uses all "
-        "(default: 5,000 for cnn, 512 for char-lm)",
+        "test (cnn) or validation (char-lm) examples per evaluation; the final one uses all",
     )  # fmt: skip
     screen_examples: int = _opt(
         0, Int(0), "evaluation",
@@ -294,58 +276,30 @@ class TrainConfig:
             if key not in own and key not in LOADER_KEYS:
                 raise DataechoTypeError(
                     f"TrainConfig got an unexpected keyword argument {key!r}; "
-                    + did_you_mean(key, [o.name for o in options()])
+                    + did_you_mean(key, setting_names())
                 )
         for name, f in own.items():
-            set_(self, name, f.metadata["check"].check(name, settings.get(name, f.default)))
-        for key, value in WORKLOAD_DEFAULTS[self.workload].items():
+            set_(self, name, checked(name, f.metadata["check"], settings.get(name, f.default)))
+        workload = workloads.get(self.workload)
+        for key, value in workload.defaults.items():
             if key in own and getattr(self, key) is None:
                 set_(self, key, value)
         flat = {key: settings[key] for key in LOADER_KEYS if key in settings}
-        set_(self, "loader", self._loader_options(loader, flat))
+        set_(self, "loader", run_loader(loader, flat, workload.defaults["batch_size"]))
         if self.data_dir is None:
-            set_(self, "data_dir", default_data_dir(self.workload))
+            set_(self, "data_dir", workload.default_data_dir())
         if not self.name:
             set_(self, "name", "auto" if self.echo_factor == "auto" else f"e={self.echo_factor:g}")
         self._check_combinations()
 
-    def _loader_options(self, base: Any, flat: dict[str, Any]) -> LoaderOptions:
-        """``base`` with the flat settings applied; a run's own limits hold for both."""
-        changes = {name: loader_check(name).check(name, value) for name, value in flat.items()}
-        if base is not None:
-            if not isinstance(base, LoaderOptions):
-                raise DataechoTypeError(
-                    f"loader must be a dataecho.loader.LoaderOptions or None, got "
-                    f"{type(base).__name__}"
-                )
-            given = base.as_given()
-            for name in LOADER_FROM_DATA + LOADER_FROM_RUN:
-                if given[name] != _LOADER_FIELDS[name].default:
-                    source = (
-                        "the run's device setting; pass device= (--device) instead"
-                        if name in LOADER_FROM_RUN
-                        else "the workload's data (make_loader); leave it at its default"
-                    )
-                    raise DataechoValueError(
-                        f"loader.{name}={given[name]!r}: a run's loader takes {name} from {source}"
-                    )
-            for name in LOADER_KEYS:
-                if name not in changes:
-                    loader_check(name).check(name, given[name])
-        batch_size = changes.get("batch_size", base.batch_size if base is not None else None)
-        if batch_size is None:
-            changes["batch_size"] = WORKLOAD_DEFAULTS[self.workload]["batch_size"]
-        return base.with_changes(**changes) if base is not None else LoaderOptions(**changes)
-
     def _check_combinations(self) -> None:
-        wrong, right = ("target_loss", "target_accuracy")
-        if self.workload == "char-lm":
-            wrong, right = right, wrong
-        if getattr(self, wrong) is not None:
-            raise DataechoValueError(
-                f"{wrong}={getattr(self, wrong)!r} does not apply to workload="
-                f"{self.workload!r}; set {right} instead"
-            )
+        right = workloads.get(self.workload).target_key
+        for wrong in {w.target_key for w in workloads.REGISTRY.values()} - {right}:
+            if getattr(self, wrong) is not None:
+                raise DataechoValueError(
+                    f"{wrong}={getattr(self, wrong)!r} does not apply to workload="
+                    f"{self.workload!r}; set {right} instead"
+                )
         if self.upstream is not None:
             for key, off in (("read_delay", 0.0), ("train_examples", None)):
                 if getattr(self, key) != off:
@@ -377,7 +331,7 @@ class TrainConfig:
     @property
     def target(self) -> float | None:
         """The workload's target: accuracy (cnn, higher is better) or loss (char-lm, lower)."""
-        return self.target_accuracy if self.workload == "cnn" else self.target_loss
+        return getattr(self, workloads.get(self.workload).target_key)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, flat (the loader's settings as their keys, None where a default was
@@ -404,78 +358,12 @@ for _name in LOADER_KEYS:
     setattr(TrainConfig, _name, _flat(_name))
 
 
-class ConfigError(DataechoError, ValueError):
-    """A bad key or value in a config file or on the command line; the message says which."""
-
-
-def default_data_dir(workload: str) -> Path:
-    """Where the workload's Debian package installs its data."""
-    if workload == "cnn":
-        from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
-
-        return DEFAULT_DATA_DIR
-    from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR  # imports rdata: only when needed
-
-    return DEFAULT_PACKAGE_DIR
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting of a run: a keyword of :class:`TrainConfig`, a flag and a TOML key."""
-
-    name: str
-    default: Any
-    check: Check
-    group: str
-    help: str
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """``check``, ``group`` and ``help`` as a mapping, as dataclass field metadata."""
-        return {"check": self.check, "group": self.group, "help": self.help}
-
-
-def loader_check(name: str) -> Check:
-    """The check of a loader setting in a run: the run's own, else ``LoaderOptions``'."""
-    return RUN_LOADER_CHECKS.get(name) or _LOADER_FIELDS[name].metadata["check"]
-
-
-def _loader_option(f: dataclasses.Field) -> Option:
-    text = f.metadata["help"]
-    if f.name in WORKLOAD_DEFAULTS["cnn"]:
-        text += (
-            " (default: "
-            + ", ".join(f"{values[f.name]:,} for {w}" for w, values in WORKLOAD_DEFAULTS.items())
-            + ")"
-        )
-    default = None if f.default is MISSING else f.default
-    return Option(f.name, default, loader_check(f.name), _LOADER_GROUPS.get(f.name, "echoing"),
-                  text)  # fmt: skip
-
-
-def _options() -> Iterator[Option]:
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == "loader":
-            yield from (_loader_option(_LOADER_FIELDS[name]) for name in LOADER_KEYS)
-        else:
-            meta = f.metadata
-            yield Option(f.name, f.default, meta["check"], meta["group"], meta["help"])
-
-
-_OPTIONS = tuple(_options())
-
-
-def options() -> list[Option]:
-    """The settings of :class:`TrainConfig` in order (the loader's flat, where ``loader``
-    stands): one flag and one TOML key each."""
-    return list(_OPTIONS)
+def setting_names() -> list[str]:
+    """:class:`TrainConfig`'s keywords in order, the loader's flat where ``loader`` stands."""
+    fields = dataclasses.fields(TrainConfig)
+    return [n for f in fields for n in (LOADER_KEYS if f.name == "loader" else (f.name,))]
 
 
 def did_you_mean(name: str, names: list[str]) -> str:
     close = difflib.get_close_matches(name, names, n=1)
     return f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(names)}"
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a field: ``echo_factor`` -> ``--echo-factor``."""
-    return "--" + name.replace("_", "-")

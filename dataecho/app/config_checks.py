@@ -1,5 +1,4 @@
-"""The application's own kinds of value (an upstream spec, the training device) and its limits
-on the loader's.
+"""The application's own kinds of value: an upstream spec, the training device.
 
 The checks themselves are the library's (:mod:`dataecho._validate`: ``check(name, value)``,
 ``parse(text)``, ``describe()``); import them from there.
@@ -11,31 +10,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from dataecho._validate import BATCH_WHY, MAX_BATCH, Check, EchoFactor, Int, Real
+from dataecho._validate import Check
 from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader.options import DeviceName
-
-# The largest echo factor a run takes (fixed, or the most copies with "auto"). Each fresh item
-# is emitted that many times, so a factor past this only repeats the same data: the papers'
-# useful factors are 2 to 16. The library takes any factor; a training run refuses one no run
-# needs.
-MAX_ECHO_FACTOR = 1024.0
-
-# The run's stricter checks of the loader's settings (dataecho.loader.LoaderOptions holds the
-# rest): a per-workload default for the batch size, and the limit above.
-RUN_LOADER_CHECKS: dict[str, Check] = {
-    "batch_size": Int(1, none="default", high=MAX_BATCH, why=BATCH_WHY,
-                      hint="pass the number of examples per batch, e.g. 128"),
-    "echo_factor": EchoFactor(
-        high=MAX_ECHO_FACTOR,
-        why="each fresh item is emitted that many times, so a larger factor only repeats the "
-        "same data; use echo_factor=2 to 16 (the papers' range) or echo_factor='auto'",
-    ),
-    "max_echo_factor": Real(
-        1, MAX_ECHO_FACTOR, why="the most times one fresh item is emitted: past that, reuse "
-        "only repeats the same data; use max_echo_factor=2 to 16 (the papers' range)",
-    ),
-}  # fmt: skip
 
 
 class UpstreamSpec(Check):
@@ -82,4 +59,4 @@ class TrainingDevice(DeviceName):
         return device
 
 
-__all__ = ["MAX_ECHO_FACTOR", "RUN_LOADER_CHECKS", "TrainingDevice", "UpstreamSpec"]
+__all__ = ["TrainingDevice", "UpstreamSpec"]

@@ -2,31 +2,89 @@
 
     cfg = config_from("run.toml", {"echo_factor": "auto"})   # the file, then overrides
 
-Each value is checked by its option's own check (:func:`dataecho.app.config.options`), so an
-error names the flag or the file key it came from, the value seen and the valid range.
+The settings are one list (:func:`options`): each a keyword of ``TrainConfig``, a flag and a
+TOML key. Text is parsed here and each value checked once, by ``TrainConfig``; an error names
+the flag or the file key it came from, the value seen and the valid range.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
-from dataecho.app.config import (
-    CLI_TARGETS,
-    LOADER_KEYS,
-    ConfigError,
-    TrainConfig,
-    did_you_mean,
-    flag,
-    options,
-)
+from dataecho._validate import Check
+from dataecho.app import workloads
+from dataecho.app.config import TrainConfig, did_you_mean
+from dataecho.app.loader_settings import LOADER_FIELDS, LOADER_GROUPS, LOADER_KEYS, loader_check
+from dataecho.app.workloads.base import DEFAULTED
+from dataecho.errors import DataechoError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover (pyproject pulls tomli in for 3.10)
     import tomli as tomllib
+
+
+class ConfigError(DataechoError, ValueError):
+    """A bad key or value in a config file or on the command line; the message says which."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a run: a keyword of :class:`TrainConfig`, a flag and a TOML key."""
+
+    name: str
+    default: Any
+    check: Check
+    group: str
+    help: str
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``check``, ``group`` and ``help`` as a mapping, as dataclass field metadata."""
+        return {"check": self.check, "group": self.group, "help": self.help}
+
+
+def _help(name: str, text: str) -> str:
+    """``text``, and the workloads' defaults of a setting that has them."""
+    if name not in DEFAULTED:
+        return text
+    each = (f"{w.defaults[name]:,} for {w.name}" for w in workloads.REGISTRY.values())
+    return f"{text} (default: {', '.join(each)})"
+
+
+def _loader_option(f: dataclasses.Field) -> Option:
+    default = None if f.default is MISSING else f.default
+    return Option(f.name, default, loader_check(f.name), LOADER_GROUPS.get(f.name, "echoing"),
+                  _help(f.name, f.metadata["help"]))  # fmt: skip
+
+
+def _options() -> Iterator[Option]:
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "loader":
+            yield from (_loader_option(LOADER_FIELDS[name]) for name in LOADER_KEYS)
+        else:
+            meta = f.metadata
+            yield Option(f.name, f.default, meta["check"], meta["group"],
+                         _help(f.name, meta["help"]))  # fmt: skip
+
+
+_OPTIONS = tuple(_options())
+
+
+def options() -> list[Option]:
+    """The settings of :class:`TrainConfig` in order (the loader's flat, where ``loader``
+    stands): one flag and one TOML key each."""
+    return list(_OPTIONS)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a field: ``echo_factor`` -> ``--echo-factor``."""
+    return "--" + name.replace("_", "-")
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -74,7 +132,7 @@ def config_from(
     """A config from ``defaults``, then a TOML file, then ``overrides`` (flags; text is parsed).
 
     Each value is checked on its own first, so an error names the flag or the file key it came
-    from. ``cli_targets``: a workload whose target is given nowhere gets :data:`CLI_TARGETS`'.
+    from. ``cli_targets``: a workload whose target is given nowhere gets its ``cli_target``.
     """
     given: dict[str, tuple[Any, str]] = {}  # name -> (value, where it came from)
     for name, value in (defaults or {}).items():
@@ -86,19 +144,18 @@ def config_from(
         given[name] = (value, flag(name))
     checks = {o.name: o.check for o in options()}
     values = {}
-    for name, (value, origin) in given.items():
-        check = checks[name]
+    for name, (value, origin) in given.items():  # text is parsed here; TrainConfig checks
         try:
-            values[name] = check.check(
-                name, check.parse(value) if isinstance(value, str) else value
-            )
+            values[name] = checks[name].parse(value) if isinstance(value, str) else value
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{origin}: {err}") from None
     if cli_targets:
-        key, target = CLI_TARGETS.get(values.get("workload", "cnn"), (None, None))
-        if key is not None and key not in given:
-            values[key] = target
+        workload = workloads.REGISTRY.get(values.get("workload", "cnn"))  # None: refused below
+        if workload is not None and workload.target_key not in given:
+            values[workload.target_key] = workload.cli_target
     try:
         return TrainConfig(**values)
     except (TypeError, ValueError) as err:
-        raise ConfigError(str(err)) from None
+        # A value's own check names its setting: say where the value came from.
+        origin = given.get(getattr(err, "setting", ""), (None, None))[1]
+        raise ConfigError(f"{origin}: {err}" if origin else str(err)) from None

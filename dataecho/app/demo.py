@@ -31,7 +31,7 @@ from tqdm import tqdm
 from dataecho._validate import Int, Real
 from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
 from dataecho.app.config import MAX_SEED
-from dataecho.app.config_checks import MAX_ECHO_FACTOR
+from dataecho.app.loader_settings import MAX_ECHO_FACTOR
 from dataecho.app.quiet import CpuWatch, QuietCheck, load_per_core
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx

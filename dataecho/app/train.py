@@ -42,7 +42,7 @@ and returns rank 0's :class:`~dataecho.app.distributed.result.DistributedResult`
 
 Checkpoints (``checkpoint_dir``): every ``checkpoint_every`` steps and at the end, the model,
 optimizer, loader state, counters, history and the loop's RNG, written atomically
-(:mod:`dataecho.app.training.checkpoints`). ``resume`` continues from the latest one. With
+(:mod:`dataecho.app.training.save_resume`). ``resume`` continues from the latest one. With
 ``checkpoint_on_exit``, SIGINT or SIGTERM also writes one at the step reached (the step under
 way finishes first; a wait for data is cut short) before the run stops
 (:mod:`dataecho.app.shutdown`). An in-memory upstream is map-style and resumes exactly where the
@@ -74,13 +74,6 @@ from dataecho.app.distributed.signals import StopSignals, stopping, void
 from dataecho.app.distributed.strategy import make_sync
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.shutdown import ExitCheckpoint
-from dataecho.app.training.checkpoints import (
-    RESUME_MUST_MATCH,
-    RunParts,
-    resume_or_start,
-    save,
-    save_on_exit,
-)
 from dataecho.app.training.device import training_device
 from dataecho.app.training.loader import make_loader
 from dataecho.app.training.recipe import (
@@ -100,6 +93,13 @@ from dataecho.app.training.record import (
     ended_children_cpu_seconds,
     line_logger,
     train_result,
+)
+from dataecho.app.training.save_resume import (
+    RESUME_MUST_MATCH,
+    RunParts,
+    resume_or_start,
+    save,
+    save_on_exit,
 )
 from dataecho.app.training.schedule import (
     checkpoint_due,

@@ -25,34 +25,24 @@ finds them intact and writes nothing.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
-from dataecho import _validate, augment
+from dataecho import _validate
+from dataecho.app import workloads
 from dataecho.app.config import TrainConfig
 from dataecho.app.sources import shards
-from dataecho.app.sources.fashion_mnist import DataNotFoundError, FashionMNIST, load_split
+from dataecho.app.sources.fashion_mnist import DataNotFoundError
 from dataecho.app.sources.retrying import UpstreamError
 from dataecho.app.sources.throttled import Throttled
-from dataecho.app.workloads.augment import (
-    FASHION_MNIST_MEAN,
-    FASHION_MNIST_STD,
-    Augment,
-    normalize,
-)
-from dataecho.errors import DataechoValueError
 
-DATASETS = ("fashion-mnist", "austen")
-_KIND = {"cnn": "image", "char-lm": "tokens"}  # the shard kind each workload trains on
+DATASETS = tuple(w.dataset for w in workloads.REGISTRY.values())  # dataecho prepare --dataset
 
 
 @dataclass
@@ -92,82 +82,27 @@ class Data:
 
 def build_data(cfg: TrainConfig) -> Data:
     """The :class:`Data` of ``cfg``: errors name what is missing and how to get it."""
-    novels = None
-    if cfg.workload == "cnn":
-        test = FashionMNIST(cfg.data_dir, "test")
-        n = min(cfg.eval_examples, len(test))
-        eval_set = (normalize(test.images[:n]), test.labels[:n])  # normalised once, not per eval
-        final_set, vocab = (test.images, test.labels), None
-        side = min(test.images.shape[-2:])
-        if cfg.augment_pad >= side:  # checked here, not at the first image in a worker
-            raise DataechoValueError(
-                f"augment_pad must be below the image side ({side} pixels), got "
-                f"{cfg.augment_pad}; 2-4 is usual for 28x28 images"
-            )
-        transform = Augment(pad=cfg.augment_pad)
-    else:
-        from dataecho.app.sources.austen import AustenChars
-
-        novels = _novels(cfg.data_dir)
-        val = AustenChars("val", cfg.seq_len, package_dir=cfg.data_dir, novels=novels)
-        # Evenly spaced chunks: the split is the end of each novel in turn, so the first N
-        # would all come from the first novel.
-        pick = torch.linspace(0, len(val) - 1, min(cfg.eval_examples, len(val))).long()
-        eval_set = (val.chunks[pick, :-1], val.chunks[pick, 1:])
-        final_set, transform, vocab = (val.chunks[:, :-1], val.chunks[:, 1:]), None, len(val.vocab)
-
+    workload = workloads.get(cfg.workload)
+    splits = workload.eval_splits(cfg)
     if cfg.upstream is None:
-        train, identity, what = _in_memory(cfg, novels)
+        train, identity, what = _in_memory(cfg, workload)
         delay = f"{cfg.read_delay * 1e6:.0f} us" if cfg.read_delay else "no"
         description = f"in memory: {what}, {delay} delay per read (emulated slow storage)"
         train = Throttled(train, delay=cfg.read_delay)
     else:
-        train, identity, description = _shards(cfg)
-        if cfg.workload == "char-lm":
-            transform = SplitChunk(cfg.seq_len)
-    batch_transform = device_transform = None
-    if cfg.workload == "cnn" and cfg.where == "device":
-        transform, device_transform = None, device_augment(cfg.augment_pad)
-    elif cfg.workload == "cnn" and cfg.where != "after_augment":
-        transform, batch_transform = None, transform
-    return Data(train, transform, eval_set, final_set, identity, description, vocab,
-                batch_transform, device_transform)  # fmt: skip
+        train, identity, description = _shards(cfg, workload)
+    t = workload.transforms(cfg, sharded=cfg.upstream is not None)
+    return Data(train, t.transform, splits.eval_set, splits.final_set, identity, description,
+                splits.vocab_size, t.batch_transform, t.device_transform)  # fmt: skip
 
 
-def device_augment(pad: int) -> augment.Compose:
-    """The cnn augmentation as device ops: the same shift, flip and normalisation as
-    :class:`~dataecho.app.workloads.augment.Augment`, drawn per copy on the training device."""
-    return augment.Compose(
-        [augment.ShiftFlip(pad), augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)]
-    )
-
-
-def _in_memory(cfg: TrainConfig, novels: Any) -> tuple[Dataset, str, str]:
-    if cfg.workload == "cnn":
-        train = FashionMNIST(cfg.data_dir, "train", limit=cfg.train_examples)
-        name, digest = "Fashion-MNIST train", _digest(train.images, train.labels)
-    else:
-        from dataecho.app.sources.austen import AustenChars
-
-        train = AustenChars("train", cfg.seq_len, package_dir=cfg.data_dir, novels=novels)
-        n = min(cfg.train_examples or len(train), len(train))
-        digest = _digest(train.chunks[:n])
-        if n < len(train):
-            train = Subset(train, range(n))
-        name = f"Austen train chunks of {cfg.seq_len} characters"
+def _in_memory(cfg: TrainConfig, workload: workloads.Workload) -> tuple[Dataset, str, str]:
+    train, name, digest = workload.in_memory(cfg)
     identity = f"memory:{cfg.workload}:{len(train)}:{digest}"
     return train, identity, f"{name} ({len(train):,} examples)"
 
 
-def _digest(*tensors: torch.Tensor) -> str:
-    """A short content hash of the tensors' bytes: same data, same checkpoint."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(memoryview(t.contiguous().numpy()).cast("B"))
-    return h.hexdigest()[:16]
-
-
-def _shards(cfg: TrainConfig) -> tuple[shards.ShardDataset, str, str]:
+def _shards(cfg: TrainConfig, workload: workloads.Workload) -> tuple[shards.ShardDataset, str, str]:
     spec = cfg.upstream
     try:
         manifest = shards.load_manifest(
@@ -178,18 +113,18 @@ def _shards(cfg: TrainConfig) -> tuple[shards.ShardDataset, str, str]:
     except FileNotFoundError as err:
         raise DataNotFoundError(
             f"{err}. Write them with:  dataecho prepare --out DIR"
-            + ("" if cfg.workload == "cnn" else " --dataset austen")
+            + ("" if workload.dataset == DATASETS[0] else f" --dataset {workload.dataset}")
         ) from None
     except (urllib.error.URLError, OSError) as err:
         raise UpstreamError(
             f"cannot read {spec}/{shards.MANIFEST}: {getattr(err, 'reason', err)}; is the "
             "server running and serving the folder dataecho prepare wrote?"
         ) from None
-    if manifest["kind"] != _KIND[cfg.workload]:
+    if manifest["kind"] != workload.shard_kind:
         raise UpstreamError(
             f"{spec} holds {manifest['kind']} shards, but workload={cfg.workload!r} trains on "
-            f"{_KIND[cfg.workload]} shards; prepare them with dataecho prepare --dataset "
-            f"{'fashion-mnist' if cfg.workload == 'cnn' else 'austen'}"
+            f"{workload.shard_kind} shards; prepare them with dataecho prepare --dataset "
+            f"{workload.dataset}"
         )
     data = shards.ShardDataset(
         spec, manifest, shuffle_shards=True, seed=cfg.seed,
@@ -213,22 +148,6 @@ def _shards(cfg: TrainConfig) -> tuple[shards.ShardDataset, str, str]:
     return data, f"shards:{manifest['fingerprint']}", f"{where} ({what})"
 
 
-class SplitChunk:
-    """A token chunk of ``seq_len + 1`` ids -> ``(input, target)``, the target shifted by one."""
-
-    def __init__(self, seq_len: int) -> None:
-        self.seq_len = seq_len
-
-    def __call__(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if chunk.shape != (self.seq_len + 1,):
-            raise DataechoValueError(
-                f"a shard holds a chunk of shape {tuple(chunk.shape)}, but seq_len={self.seq_len} "
-                f"needs {self.seq_len + 1} ids; prepare with --seq-len {len(chunk) - 1} or train "
-                f"with seq_len={len(chunk) - 1}"
-            )
-        return chunk[:-1].clone(), chunk[1:].clone()
-
-
 def prepare(
     out_dir: str | Path,
     dataset: str = "fashion-mnist",
@@ -249,34 +168,12 @@ def prepare(
         examples = _validate.positive_int(examples, name="examples", hint="or None for all")
     out = Path(out_dir)
     stamp = _mtime(out / shards.MANIFEST)
-    if dataset == "fashion-mnist":
-        from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
-
-        images, labels = load_split(data_dir or DEFAULT_DATA_DIR, "train")
-        images, labels = images[:examples], labels[:examples]
-        manifest = shards.write_image_shards(
-            images, labels, out, examples_per_shard=examples_per_shard, prefix="fashion-mnist"
-        )
-    else:
-        from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR, AustenChars
-
-        package = data_dir or DEFAULT_PACKAGE_DIR
-        train = AustenChars("train", seq_len, package_dir=package, novels=_novels(package))
-        if len(train.vocab) > 256:
-            raise DataechoValueError(f"{len(train.vocab)} character ids do not fit in uint8")
-        chunks = train.chunks[:examples].numpy().astype(np.uint8)
-        manifest = shards.write_text_shards(
-            list(chunks), out, examples_per_shard=examples_per_shard, prefix="austen"
-        )
+    workload = next(w for w in workloads.REGISTRY.values() if w.dataset == dataset)
+    manifest = workload.write_shards(
+        out, data_dir or workload.default_data_dir(), examples=examples,
+        examples_per_shard=examples_per_shard, seq_len=seq_len,
+    )  # fmt: skip
     return manifest, _mtime(out / shards.MANIFEST) != stamp
-
-
-@functools.lru_cache(maxsize=2)
-def _novels(package_dir: Path) -> dict[str, list[str]]:
-    """The six novels, read once per process (parsing the R database is slow)."""
-    from dataecho.app.sources.austen import load_novels  # imports rdata: only for char-lm
-
-    return load_novels(package_dir)
 
 
 def _mtime(path: Path) -> int | None:

@@ -27,6 +27,7 @@ from dataecho._validate import (
     Int,
     OptionalCallable,
     Real,
+    checked,
 )
 from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader.reading import is_map_style
@@ -209,7 +210,7 @@ class LoaderOptions:
         set_ = object.__setattr__  # frozen: normalise once, here
         for f in fields(self):
             if "check" in f.metadata:
-                set_(self, f.name, f.metadata["check"].check(f.name, getattr(self, f.name)))
+                set_(self, f.name, checked(f.name, f.metadata["check"], getattr(self, f.name)))
         batches = self.batch_level
         derived = {
             "reuse_buffer": 1 if batches else self.batch_size,

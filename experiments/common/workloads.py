@@ -19,7 +19,7 @@ from torch import nn
 from dataecho.app.sources.austen import AustenChars, load_novels
 from dataecho.app.sources.fashion_mnist import FashionMNIST
 from dataecho.app.workloads import char_lm
-from dataecho.app.workloads.augment import Augment, normalize
+from dataecho.app.workloads.image_augment import Augment, normalize
 from experiments.common.trial_loop import Workload
 from experiments.common.tuning import LogUniform
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dataecho.app.sources.fashion_mnist import FashionMNIST
-from dataecho.app.workloads.augment import normalize
+from dataecho.app.workloads.image_augment import normalize
 from dataecho.schedules import constant, cosine_decreasing, cosine_increasing
 from dataecho.stages import StochasticEcho
 from experiments.common.tuning import Trial

@@ -8,7 +8,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataecho.app.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, Augment, normalize
+from dataecho.app.workloads.image_augment import (
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    Augment,
+    normalize,
+)
 from dataecho.loader import EchoingDataLoader
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from dataecho.app.checkpoint import (
+from dataecho.app.checkpoint_file import (
     FORMAT,
     MIN_FREE_BYTES,
     CheckpointError,
@@ -81,7 +81,7 @@ def test_a_killed_writers_temp_file_is_never_read_and_is_cleaned_up(tmp_path):
 
 _WRITER = """
 import sys, torch
-from dataecho.app.checkpoint import save_checkpoint
+from dataecho.app.checkpoint_file import save_checkpoint
 big = {"w": torch.randn(4_000_000)}  # 16 MB: each write takes a while
 for step in range(1, 10_000):
     save_checkpoint(sys.argv[1], {"model": big, "step": step}, step=step, keep=3)

@@ -19,9 +19,10 @@ import torch
 
 from dataecho._validate import MAX_WORKERS
 from dataecho.app import demo
-from dataecho.app.checkpoint import latest_checkpoint, load_checkpoint
+from dataecho.app.checkpoint_file import latest_checkpoint, load_checkpoint
 from dataecho.app.cli import COMMANDS, build_parser, main
-from dataecho.app.config import MAX_NPROC, flag, options
+from dataecho.app.config import MAX_NPROC
+from dataecho.app.config_file import flag, options
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, write_subset
 from dataecho.app.sources.nginx import NginxServer, find_nginx, group_pids
 from dataecho.app.train import TrainConfig, train

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dataecho.app.workloads.augment import normalize
 from dataecho.app.workloads.cnn import SmallCNN, evaluate
+from dataecho.app.workloads.image_augment import normalize
 
 
 def test_shapes_and_size():

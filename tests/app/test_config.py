@@ -14,21 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataecho._validate import CPU_COUNT, MAX_BATCH, MAX_BUFFER, MAX_WORKERS
+from dataecho.app import workloads
 from dataecho.app.config import (
-    CLI_TARGETS,
-    LOADER_KEYS,
     MAX_AUGMENT_PAD,
     MAX_KEEP_CHECKPOINTS,
     MAX_NPROC,
     MAX_SEED,
     MAX_SEQ_LEN,
-    WORKLOAD_DEFAULTS,
-    ConfigError,
     TrainConfig,
-    flag,
-    options,
 )
-from dataecho.app.config_file import config_from, read_toml
+from dataecho.app.config_file import ConfigError, config_from, flag, options, read_toml
+from dataecho.app.loader_settings import LOADER_KEYS
 from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.errors import DataechoError
@@ -38,7 +34,7 @@ from dataecho.loader import LoaderOptions
 @pytest.mark.parametrize("workload", ["cnn", "char-lm"])
 def test_none_means_the_workloads_default(workload):
     cfg = TrainConfig(workload=workload)
-    for key, value in WORKLOAD_DEFAULTS[workload].items():
+    for key, value in workloads.get(workload).defaults.items():
         assert getattr(cfg, key) == value, key
     assert cfg.data_dir == (DEFAULT_DATA_DIR if workload == "cnn" else DEFAULT_PACKAGE_DIR)
     assert cfg.target is None and cfg.name == "e=1"
@@ -219,7 +215,7 @@ def test_flag_text_off_none_auto_and_booleans():
 
 @pytest.mark.parametrize("workload", ["cnn", "char-lm"])
 def test_cli_targets_apply_only_where_no_target_is_given(workload, tmp_path):
-    key, target = CLI_TARGETS[workload]
+    key, target = workloads.get(workload).target_key, workloads.get(workload).cli_target
     assert getattr(config_from(None, {"workload": workload}, cli_targets=True), key) == target
     off = config_from(None, {"workload": workload, key: "off"}, cli_targets=True)
     assert getattr(off, key) is None
@@ -299,8 +295,8 @@ def test_the_loader_options_help_and_checks_come_from_loader_options():
 
 
 def test_a_resume_compares_the_loaders_settings():
-    from dataecho.app.checkpoint import CheckpointError, check_same
-    from dataecho.app.training.checkpoints import RESUME_MUST_MATCH
+    from dataecho.app.checkpoint_file import CheckpointError, check_same
+    from dataecho.app.training.save_resume import RESUME_MUST_MATCH
 
     saved = TrainConfig(echo_factor=2, where="after_augment", shuffle_buffer=64).to_dict()
     assert set(LOADER_KEYS) <= set(saved)  # flat, where check_same looks for them

@@ -28,7 +28,7 @@ import pytest
 from conftest import wait_for_log
 from test_distributed_sync import run_ranks as sync_run_ranks
 
-from dataecho.app.checkpoint import list_checkpoints, load_checkpoint
+from dataecho.app.checkpoint_file import list_checkpoints, load_checkpoint
 from dataecho.app.config import TrainConfig
 from dataecho.app.config_file import config_from
 from dataecho.app.distributed.launch import stopped_by

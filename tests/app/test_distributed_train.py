@@ -10,9 +10,9 @@ import socket
 import pytest
 
 from dataecho.app import cli
-from dataecho.app.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from dataecho.app.config import ConfigError, TrainConfig
-from dataecho.app.config_file import config_from
+from dataecho.app.checkpoint_file import CheckpointError, list_checkpoints, load_checkpoint
+from dataecho.app.config import TrainConfig
+from dataecho.app.config_file import ConfigError, config_from
 from dataecho.app.train import train
 
 TINY = ["--train-examples", "1024", "--batch-size", "64", "--num-workers", "0",

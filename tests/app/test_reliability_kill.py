@@ -23,7 +23,7 @@ import torch
 from conftest import alive, wait_until
 from test_reliability_resume import synthetic
 
-from dataecho.app.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dataecho.app.checkpoint_file import latest_checkpoint, list_checkpoints, load_checkpoint
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND
 from dataecho.app.sources.shards import write_image_shards
 

@@ -24,10 +24,10 @@ from conftest import Numbers, assert_same_stream, torch_roundtrip, wait_for_log
 from test_reliability_resume import synthetic
 
 from dataecho import EchoingDataLoader
-from dataecho.app.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dataecho.app.checkpoint_file import latest_checkpoint, list_checkpoints, load_checkpoint
 from dataecho.app.cli import build_parser
-from dataecho.app.config import ConfigError, TrainConfig
-from dataecho.app.config_file import config_from
+from dataecho.app.config import TrainConfig
+from dataecho.app.config_file import ConfigError, config_from
 from dataecho.app.shutdown import ExitCheckpoint, Terminated
 from dataecho.app.sources.fashion_mnist import (
     DEFAULT_DATA_DIR,

@@ -14,7 +14,7 @@ import torch
 from test_checkpoint import file_size_limit
 from test_reliability_resume import damage_png
 
-from dataecho.app.checkpoint import (
+from dataecho.app.checkpoint_file import (
     CheckpointError,
     latest_checkpoint,
     list_checkpoints,

@@ -24,8 +24,9 @@ from dataecho.app.sources.fashion_mnist import (
 )
 from dataecho.app.sources.shards import MANIFEST, ShardDataset, write_text_shards
 from dataecho.app.sources.throttled import Throttled
-from dataecho.app.upstream import SplitChunk, UpstreamError, build_data, prepare
-from dataecho.app.workloads.augment import Augment
+from dataecho.app.upstream import UpstreamError, build_data, prepare
+from dataecho.app.workloads.char_lm import SplitChunk
+from dataecho.app.workloads.image_augment import Augment
 
 needs_fashion = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),

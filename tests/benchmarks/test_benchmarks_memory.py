@@ -21,7 +21,7 @@ if ROOT not in sys.path:  # `python -m pytest` adds it; a bare `pytest` may not
 
 from benchmarks import __main__ as dispatcher  # noqa: E402
 from benchmarks import memory  # noqa: E402
-from dataecho.app.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from dataecho.app.checkpoint_file import latest_checkpoint, load_checkpoint  # noqa: E402
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import dataecho
-from dataecho.app.workloads.augment import Augment
+from dataecho.app.workloads.image_augment import Augment
 from dataecho.augment import AugmentError, AugmentTypeError, Compose, RandomResizedCrop, ShiftFlip
 from dataecho.errors import DataechoError
 
@@ -275,7 +275,11 @@ def test_the_module_is_public_on_the_package():
 
 
 def test_normalize_matches_the_host_side_normalisation_for_uint8_and_float():
-    from dataecho.app.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, normalize
+    from dataecho.app.workloads.image_augment import (
+        FASHION_MNIST_MEAN,
+        FASHION_MNIST_STD,
+        normalize,
+    )
 
     images = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
     op = dataecho.augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)
@@ -290,7 +294,7 @@ def test_normalize_matches_the_host_side_normalisation_for_uint8_and_float():
 
 
 def test_shift_flip_then_normalize_equals_the_demo_augmentation():
-    from dataecho.app.workloads.augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, Augment
+    from dataecho.app.workloads.image_augment import FASHION_MNIST_MEAN, FASHION_MNIST_STD, Augment
 
     images = torch.randint(0, 256, (16, 1, 28, 28), dtype=torch.uint8)
     device_side = dataecho.augment.Compose(

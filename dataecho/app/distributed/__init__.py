@@ -8,7 +8,7 @@ batch); ``sync="local-echo"`` takes echo steps locally and averages the model on
 batch (one round, whatever ``e``), or with probability ``avg_prob``. See :mod:`.sync` for the
 rule and :mod:`.strategy` for how the loop (:func:`dataecho.app.train.train`, the one loop of
 every run) calls it, :mod:`.rank` and :mod:`.signals` for what only ranks do (stop together),
-:mod:`.group` for failure reports, :mod:`dataecho.app.training.checkpoints` for checkpoints.
+:mod:`.group` for failure reports, :mod:`dataecho.app.training.save_resume` for checkpoints.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
-from dataecho.app.checkpoint import list_checkpoints
+from dataecho.app.checkpoint_file import list_checkpoints
 from dataecho.app.config import TrainConfig
 from dataecho.app.distributed.group import (
     GroupInfo,

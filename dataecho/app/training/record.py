@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from dataecho.app import workloads
 from dataecho.app.config import TrainConfig
 from dataecho.app.training.recipe import metric_key
 from dataecho.app.upstream import Data
@@ -61,7 +62,7 @@ class TrainResult:
     @property
     def val_loss(self) -> float | None:
         """char-lm: final validation cross-entropy, nats per character."""
-        return self.test_loss if self.config.workload == "char-lm" else None
+        return self.test_loss if metric_key(self.config) == "val_loss" else None
 
 
 @dataclass
@@ -136,8 +137,8 @@ def history_row(
 
 
 def log_line(cfg: TrainConfig, row: dict[str, float]) -> str:
-    metric = (f"test acc {row['accuracy']:.4f}" if cfg.workload == "cnn"
-              else f"val loss {row['val_loss']:.3f}")  # fmt: skip
+    workload = workloads.get(cfg.workload)
+    metric = workload.describe_metric(row[workload.metric])
     skipped = row.get("skipped_records", 0)
     return (
         f"[{cfg.name}] step {row['steps']:6,d} | fresh {row['fresh']:8,d} | "

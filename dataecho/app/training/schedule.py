@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from dataecho.app import workloads
 from dataecho.app.config import TrainConfig
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.training.recipe import better, evaluate_split, metric_key, on_cpu
@@ -121,13 +122,12 @@ def periodic_evaluation(cfg: TrainConfig, model: torch.nn.Module, split: tuple) 
     n, (inputs, targets) = cfg.screen_examples, split
     if n and cfg.target is not None and n < len(inputs):
         screen = evaluate_split(cfg, model, (inputs[:n], targets[:n]))
-        near = cfg.target - cfg.screen_margin if cfg.workload == "cnn" else (
-            cfg.target + cfg.screen_margin)  # fmt: skip
+        workload = workloads.get(cfg.workload)
+        near = workload.near(cfg.target, cfg.screen_margin)
         if not better(cfg, screen, near):
             return screen, 1
         # The screen was the full evaluation's first n examples: only the rest remain to do.
         rest = evaluate_split(cfg, model, (inputs[n:], targets[n:]))
         total = screen * n + rest * (len(inputs) - n)
-        # cnn: whole counts of correct answers, so the same float as one pass over all
-        return (round(total) if cfg.workload == "cnn" else total) / len(inputs), 0
+        return workload.combine(total, len(inputs)), 0
     return evaluate_split(cfg, model, split), 0

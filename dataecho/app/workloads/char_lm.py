@@ -1,4 +1,5 @@
-"""A small character-level Transformer language model, and its evaluation.
+"""The char-lm workload: a small character-level Transformer language model trained on Jane
+Austen's novels (:data:`CHAR_LM`).
 
 Sized for a CPU demo. The default :class:`CharLMConfig` (context 64, d_model 64, 2 layers,
 4 heads, feed-forward 2x) has 76 k parameters; :func:`measure_step_seconds` times one training
@@ -14,17 +15,33 @@ no mask tensor to build, and every weight is in view for the init below.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Subset
 
 from dataecho import _validate
+from dataecho.app.workloads.base import EvalSplits, Split, Transforms, Workload, digest
 from dataecho.errors import DataechoValueError
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from dataecho.app.config import TrainConfig
+    from dataecho.app.upstream import Data
+
+# The Austen vocabulary's size, <unk> included: what a synthetic step's model is built for.
+AUSTEN_VOCAB = 82
 
 
 @dataclass(frozen=True)
@@ -185,3 +202,124 @@ def measure_step_seconds(cfg: CharLMConfig, batch_size: int = 32, *, steps: int 
         if i >= 2:
             times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+@functools.lru_cache(maxsize=2)
+def novels(package_dir: Path) -> dict[str, list[str]]:
+    """The six novels, read once per process (parsing the R database is slow)."""
+    from dataecho.app.sources.austen import load_novels  # imports rdata: only for char-lm
+
+    return load_novels(package_dir)
+
+
+class SplitChunk:
+    """A token chunk of ``seq_len + 1`` ids -> ``(input, target)``, the target shifted by one."""
+
+    def __init__(self, seq_len: int) -> None:
+        self.seq_len = seq_len
+
+    def __call__(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if chunk.shape != (self.seq_len + 1,):
+            raise DataechoValueError(
+                f"a shard holds a chunk of shape {tuple(chunk.shape)}, but seq_len={self.seq_len} "
+                f"needs {self.seq_len + 1} ids; prepare with --seq-len {len(chunk) - 1} or train "
+                f"with seq_len={len(chunk) - 1}"
+            )
+        return chunk[:-1].clone(), chunk[1:].clone()
+
+
+class AustenCharLM(Workload):
+    """CharTransformer with AdamW on Jane Austen's novels, an example one chunk of ``seq_len``
+    characters; its metric: the validation cross-entropy in nats per character."""
+
+    name = "char-lm"
+    dataset = "austen"
+    shard_kind = "tokens"
+    # Evaluations are sized to decide a target while costing a small share of a run's time.
+    defaults = MappingProxyType(
+        {"batch_size": 32, "lr": 3e-3, "budget": 64_000, "eval_every": 3_200,
+         "eval_examples": 512}
+    )  # fmt: skip
+    target_key = "target_loss"
+    cli_target = 1.8  # reached well within the default budget
+    metric = "val_loss"
+    higher_is_better = False
+
+    def default_data_dir(self) -> Path:
+        from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR  # imports rdata
+
+        return DEFAULT_PACKAGE_DIR
+
+    def eval_splits(self, cfg: TrainConfig) -> EvalSplits:
+        from dataecho.app.sources.austen import AustenChars
+
+        val = AustenChars("val", cfg.seq_len, package_dir=cfg.data_dir, novels=novels(cfg.data_dir))
+        # Evenly spaced chunks: the split is the end of each novel in turn, so the first N
+        # would all come from the first novel.
+        pick = torch.linspace(0, len(val) - 1, min(cfg.eval_examples, len(val))).long()
+        return EvalSplits(
+            (val.chunks[pick, :-1], val.chunks[pick, 1:]),
+            (val.chunks[:, :-1], val.chunks[:, 1:]),
+            len(val.vocab),
+        )
+
+    def in_memory(self, cfg: TrainConfig) -> tuple[Dataset, str, str]:
+        from dataecho.app.sources.austen import AustenChars
+
+        train = AustenChars(
+            "train", cfg.seq_len, package_dir=cfg.data_dir, novels=novels(cfg.data_dir)
+        )
+        n = min(cfg.train_examples or len(train), len(train))
+        content = digest(train.chunks[:n])
+        name = f"Austen train chunks of {cfg.seq_len} characters"
+        return (Subset(train, range(n)) if n < len(train) else train), name, content
+
+    def transforms(self, cfg: TrainConfig, *, sharded: bool) -> Transforms:
+        # No augmentation: a shard's chunk only splits into input and target.
+        return Transforms(transform=SplitChunk(cfg.seq_len) if sharded else None)
+
+    def write_shards(
+        self, out: Path, data_dir: str | Path, *, examples: int | None, examples_per_shard: int,
+        seq_len: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Chunks of ``seq_len + 1`` character ids (uint8) of :class:`AustenChars`' training
+        split."""
+        from dataecho.app.sources.austen import AustenChars
+        from dataecho.app.sources.shards import write_text_shards
+
+        train = AustenChars("train", seq_len, package_dir=data_dir, novels=novels(data_dir))
+        if len(train.vocab) > 256:
+            raise DataechoValueError(f"{len(train.vocab)} character ids do not fit in uint8")
+        chunks = train.chunks[:examples].numpy().astype(np.uint8)
+        return write_text_shards(
+            list(chunks), out, examples_per_shard=examples_per_shard, prefix=self.dataset
+        )
+
+    def build_model(
+        self, cfg: TrainConfig, data: Data
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = CharTransformer(CharLMConfig(data.vocab_size, context=cfg.seq_len))
+        return model, make_optimizer(model, lr=cfg.lr)
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        inputs, targets = batch
+        return lm_loss(model, inputs, targets)
+
+    def evaluate(self, model: torch.nn.Module, split: Split) -> tuple[float, float | None, float]:
+        inputs, targets = split
+        batches = ((inputs[i : i + 256], targets[i : i + 256]) for i in range(0, len(inputs), 256))
+        loss = evaluate(model, batches)
+        return loss, None, loss
+
+    def example_bytes(self, cfg: TrainConfig) -> int:
+        return 2 * 8 * cfg.seq_len  # input and target, int64 each
+
+    def measure_step_seconds(self, batch_size: int, steps: int, *, seq_len: int) -> float:
+        lm = CharLMConfig(AUSTEN_VOCAB, context=seq_len)
+        return measure_step_seconds(lm, batch_size, steps=steps)
+
+    def describe_metric(self, value: float) -> str:
+        return f"val loss {value:.3f}"
+
+
+CHAR_LM = AustenCharLM()

@@ -1,4 +1,4 @@
-"""A small CNN for 28x28 grey images, and its evaluation.
+"""The cnn workload: a small CNN for 28x28 grey images trained on Fashion-MNIST (:data:`CNN`).
 
 Sized for a CPU demo: two strided conv layers and one hidden layer, ~0.2 M parameters.
 Strided convolutions stand in for conv + max-pool because CPU max-pooling in NCHW layout costs
@@ -8,21 +8,40 @@ echoing's effect on fresh examples shows quickly.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dataecho.app.workloads.augment import normalize
+from dataecho import augment
+from dataecho.app.sources.fashion_mnist import FashionMNIST, load_split
+from dataecho.app.workloads.base import EvalSplits, Split, Transforms, Workload, digest
+from dataecho.app.workloads.image_augment import (
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    Augment,
+    normalize,
+)
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from dataecho.app.config import TrainConfig
+    from dataecho.app.upstream import Data
 from dataecho.errors import DataechoValueError
 
 
 class SmallCNN(nn.Module):
     """conv5x5/2(width) -> conv3x3/2(2 width) -> fc(128) -> fc(classes), ReLUs between.
 
-    Input: float (N, C, 28, 28), normalised (see :class:`~dataecho.app.workloads.augment.Augment`).
+    Input: float (N, C, 28, 28), normalised (see :class:`~dataecho.app.workloads.image_augment.Augment`).
     """
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16) -> None:
@@ -59,7 +78,7 @@ def evaluate(
 
     ``data`` is either a pair of tensors ``(images, labels)`` (evaluated in chunks of
     ``batch_size``) or an iterable of such batches, e.g. a DataLoader. uint8 images are
-    normalised with :func:`~dataecho.app.workloads.augment.normalize`; float ones are used as given.
+    normalised with :func:`~dataecho.app.workloads.image_augment.normalize`; float ones are used as given.
     """
     if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], torch.Tensor):
         images, labels = data
@@ -89,3 +108,115 @@ def evaluate(
     if count == 0:
         raise DataechoValueError("evaluate() got no examples; pass a non-empty test set")
     return EvalResult(accuracy=correct / count, loss=loss_sum / count, examples=count)
+
+
+def device_augment(pad: int) -> augment.Compose:
+    """The cnn augmentation as device ops: the same shift, flip and normalisation as
+    :class:`~dataecho.app.workloads.image_augment.Augment`, drawn per copy on the training
+    device."""
+    return augment.Compose(
+        [augment.ShiftFlip(pad), augment.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)]
+    )
+
+
+class FashionMNISTCNN(Workload):
+    """SmallCNN with SGD + Nesterov momentum on Fashion-MNIST; its metric: test accuracy."""
+
+    name = "cnn"
+    dataset = "fashion-mnist"
+    shard_kind = "image"
+    # Evaluations are sized to decide a target while costing a small share of a run's time.
+    defaults = MappingProxyType(
+        {"batch_size": 128, "lr": 0.05, "budget": 180_000, "eval_every": 6_000,
+         "eval_examples": 5_000}
+    )  # fmt: skip
+    target_key = "target_accuracy"
+    cli_target = 0.85  # reached within the default budget
+    metric = "accuracy"
+    higher_is_better = True
+
+    def combine(self, total: float, examples: int) -> float:
+        # Whole counts of correct answers, so the same float as one pass over all.
+        return round(total) / examples
+
+    def default_data_dir(self) -> Path:
+        from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
+
+        return DEFAULT_DATA_DIR
+
+    def eval_splits(self, cfg: TrainConfig) -> EvalSplits:
+        test = FashionMNIST(cfg.data_dir, "test")
+        n = min(cfg.eval_examples, len(test))
+        eval_set = (normalize(test.images[:n]), test.labels[:n])  # normalised once, not per eval
+        side = min(test.images.shape[-2:])
+        if cfg.augment_pad >= side:  # checked here, not at the first image in a worker
+            raise DataechoValueError(
+                f"augment_pad must be below the image side ({side} pixels), got "
+                f"{cfg.augment_pad}; 2-4 is usual for 28x28 images"
+            )
+        return EvalSplits(eval_set, (test.images, test.labels))
+
+    def in_memory(self, cfg: TrainConfig) -> tuple[Dataset, str, str]:
+        train = FashionMNIST(cfg.data_dir, "train", limit=cfg.train_examples)
+        return train, "Fashion-MNIST train", digest(train.images, train.labels)
+
+    def transforms(self, cfg: TrainConfig, *, sharded: bool) -> Transforms:
+        # Echoing after augmentation needs the copies identical: per example, before echoing.
+        # Elsewhere each example of a batch is drawn on its own in one call, much cheaper than
+        # a call per example, and on the device for where="device" (batches sent as uint8).
+        aug = Augment(pad=cfg.augment_pad)
+        if cfg.where == "device":
+            return Transforms(device_transform=device_augment(cfg.augment_pad))
+        if cfg.where == "after_augment":
+            return Transforms(transform=aug)
+        return Transforms(batch_transform=aug)
+
+    def write_shards(
+        self, out: Path, data_dir: str | Path, *, examples: int | None, examples_per_shard: int,
+        seq_len: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        from dataecho.app.sources.shards import write_image_shards
+
+        images, labels = load_split(data_dir, "train")
+        return write_image_shards(
+            images[:examples], labels[:examples], out, examples_per_shard=examples_per_shard,
+            prefix=self.dataset,
+        )  # fmt: skip
+
+    def build_model(
+        self, cfg: TrainConfig, data: Data
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = SmallCNN()
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
+        return model, opt
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        inputs, targets = batch
+        return F.cross_entropy(model(inputs), targets)
+
+    def evaluate(self, model: torch.nn.Module, split: Split) -> tuple[float, float | None, float]:
+        r = evaluate(model, split)
+        return r.accuracy, r.accuracy, r.loss
+
+    def example_bytes(self, cfg: TrainConfig) -> int:
+        return 4 * 28 * 28  # a float32 image
+
+    def measure_step_seconds(self, batch_size: int, steps: int, *, seq_len: int) -> float:
+        model = SmallCNN()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x, y = torch.randn(batch_size, 1, 28, 28), torch.randint(0, 10, (batch_size,))
+        times = []
+        for _ in range(steps + 3):  # 3 warm-up steps: first calls allocate and pick kernels
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[3:])
+
+    def describe_metric(self, value: float) -> str:
+        return f"test acc {value:.4f}"
+
+
+CNN = FashionMNISTCNN()

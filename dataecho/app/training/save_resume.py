@@ -18,7 +18,7 @@ more (a larger budget or ``max_steps``). Each kind resumes only its own kind of 
 Before a run starts, its folder is checked (by rank 0 in a data-parallel run): it can be
 created, written to, and has room for the checkpoints to come (:func:`check_folder`), so a bad
 folder fails at once, not after the training time is spent. Writes are atomic
-(:mod:`dataecho.app.checkpoint`): a failed one raises, naming the file and why, and leaves the
+(:mod:`dataecho.app.checkpoint_file`): a failed one raises, naming the file and why, and leaves the
 earlier checkpoints loadable. Each file carries its checksum: a resume skips a damaged one for
 the newest intact one and says so.
 """
@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from dataecho.app.checkpoint import (
+from dataecho.app import workloads
+from dataecho.app.checkpoint_file import (
     CheckpointError,
     check_checkpoint_dir,
     check_same,
@@ -233,7 +234,7 @@ def checkpoint_bytes(cfg: TrainConfig, model: torch.nn.Module, *, loaders: int =
     history, RNG states).
     """
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    per_example = 4 * 28 * 28 if cfg.workload == "cnn" else 2 * 8 * cfg.seq_len
+    per_example = workloads.get(cfg.workload).example_bytes(cfg)
     shuffled = cfg.shuffle_buffer * (cfg.batch_size if cfg.loader.shuffles_batches else 1)
     buffered = (shuffled + 2 * cfg.batch_size) * per_example * max(1, cfg.num_workers)
     factor = cfg.max_echo_factor if cfg.echo_factor == "auto" else cfg.echo_factor

@@ -1,0 +1,131 @@
+"""What a training task is to ``dataecho train``: one :class:`Workload` object per task.
+
+A workload names its defaults, its target and which way is better, its data (the evaluation
+splits and the in-memory training split), the augmentation for each insertion point, its model
+and optimizer, loss, metric and the bytes an example holds. The app asks the workload wherever
+the answer depends on the task; a new task is one module defining a ``Workload`` and one line
+in :data:`dataecho.app.workloads.REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:  # the config and the data import the registry, not the other way round
+    from torch.utils.data import Dataset
+
+    from dataecho.app.config import TrainConfig
+    from dataecho.app.upstream import Data
+
+Split = tuple[torch.Tensor, torch.Tensor]
+# The settings a workload gives a default for (TrainConfig's None means "the workload's").
+DEFAULTED = ("batch_size", "lr", "budget", "eval_every", "eval_examples")
+
+
+@dataclass(frozen=True)
+class EvalSplits:
+    """What a run evaluates on: ``eval_examples`` for the periodic evaluations, the whole split
+    for the last one, and the vocabulary size where the model needs it."""
+
+    eval_set: Split
+    final_set: Split
+    vocab_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """The loader's augmentation for one insertion point (see ``LoaderOptions``' fields)."""
+
+    transform: Any = None
+    batch_transform: Any = None
+    device_transform: Any = None
+
+
+class Workload(ABC):
+    """One training task: the class attributes are its facts, the methods its parts."""
+
+    name: ClassVar[str]  # the value of TrainConfig.workload
+    dataset: ClassVar[str]  # dataecho prepare --dataset of its shards
+    shard_kind: ClassVar[str]  # the manifest's "kind" of those shards
+    defaults: ClassVar[Mapping[str, Any]]  # a value for each of DEFAULTED
+    target_key: ClassVar[str]  # the TrainConfig field of its target
+    cli_target: ClassVar[float]  # the target dataecho train uses unless told otherwise
+    metric: ClassVar[str]  # the history rows' key of its evaluation metric
+    higher_is_better: ClassVar[bool]  # of the metric
+
+    def better(self, metric: float, target: float) -> bool:
+        """Whether ``metric`` reaches ``target``."""
+        return metric >= target if self.higher_is_better else metric <= target
+
+    def near(self, target: float, margin: float) -> float:
+        """The metric ``margin`` short of ``target``."""
+        return target - margin if self.higher_is_better else target + margin
+
+    def combine(self, total: float, examples: int) -> float:
+        """The metric of a split from the sum of its parts' metric x examples."""
+        return total / examples
+
+    @abstractmethod
+    def default_data_dir(self) -> Path:
+        """Where the workload's Debian package installs its data."""
+
+    @abstractmethod
+    def eval_splits(self, cfg: TrainConfig) -> EvalSplits:
+        """The evaluation split of ``cfg.data_dir``, in memory."""
+
+    @abstractmethod
+    def in_memory(self, cfg: TrainConfig) -> tuple[Dataset, str, str]:
+        """``(training split, what it is, content digest)`` for the in-memory upstream."""
+
+    @abstractmethod
+    def transforms(self, cfg: TrainConfig, *, sharded: bool) -> Transforms:
+        """The loader's augmentation at ``cfg.where``; ``sharded``: examples come from shards."""
+
+    @abstractmethod
+    def write_shards(
+        self, out: Path, data_dir: str | Path, *, examples: int | None, examples_per_shard: int,
+        seq_len: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Write the first ``examples`` (None: all) of the training split as shards in ``out``
+        (:mod:`dataecho.app.sources.shards`); the manifest."""
+
+    @abstractmethod
+    def build_model(
+        self, cfg: TrainConfig, data: Data
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """A fresh model (seeded by the caller) and its optimizer."""
+
+    @abstractmethod
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """The training loss of one batch."""
+
+    @abstractmethod
+    def evaluate(self, model: torch.nn.Module, split: Split) -> tuple[float, float | None, float]:
+        """``(metric, accuracy or None, loss)`` of ``model`` on ``split``."""
+
+    @abstractmethod
+    def example_bytes(self, cfg: TrainConfig) -> int:
+        """A generous size of one buffered training example, for checkpoint estimates."""
+
+    @abstractmethod
+    def measure_step_seconds(self, batch_size: int, steps: int, *, seq_len: int) -> float:
+        """Median seconds of a training step on a synthetic batch, after warm-up."""
+
+    @abstractmethod
+    def describe_metric(self, value: float) -> str:
+        """The metric in a log line, e.g. ``test acc 0.8512``."""
+
+
+def digest(*tensors: torch.Tensor) -> str:
+    """A short content hash of the tensors' bytes: same data, same checkpoint."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(memoryview(t.contiguous().numpy()).cast("B"))
+    return h.hexdigest()[:16]
