@@ -155,7 +155,7 @@ def checked(name: str, check: Check, value: Any) -> Any:
     try:
         return check.check(name, value)
     except (TypeError, ValueError) as err:
-        err.setting = name  # type: ignore[attr-defined]
+        err.setting = name  # type: ignore[union-attr]  # read back by the edge (config_file)
         raise
 
 
