@@ -29,7 +29,7 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 def build_model(cfg: TrainConfig, data: Data) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    return workloads.get(cfg.workload).build_model(cfg, data)
+    return workloads.get(cfg.workload).build_model(cfg, data.vocab_size)
 
 
 def step_loss(cfg: TrainConfig, model: torch.nn.Module, batch: Any) -> torch.Tensor:

@@ -14,17 +14,33 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
-if TYPE_CHECKING:  # the config and the data import the registry, not the other way round
+if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
-    from dataecho.app.config import TrainConfig
-    from dataecho.app.upstream import Data
-
 Split = tuple[torch.Tensor, torch.Tensor]
+
+
+class RunSettings(Protocol):
+    """The settings of a run a workload reads (``dataecho.app.config.TrainConfig`` has them):
+    typed here, so that the config, which looks workloads up, is not imported by them."""
+
+    workload: str
+    data_dir: Path | None
+    train_examples: int | None
+    seq_len: int
+    augment_pad: int
+    lr: float | None
+    momentum: float
+    eval_examples: int | None
+
+    @property
+    def where(self) -> str: ...
+
+
 # The settings a workload gives a default for (TrainConfig's None means "the workload's").
 DEFAULTED = ("batch_size", "lr", "budget", "eval_every", "eval_examples")
 
@@ -77,15 +93,15 @@ class Workload(ABC):
         """Where the workload's Debian package installs its data."""
 
     @abstractmethod
-    def eval_splits(self, cfg: TrainConfig) -> EvalSplits:
+    def eval_splits(self, cfg: RunSettings) -> EvalSplits:
         """The evaluation split of ``cfg.data_dir``, in memory."""
 
     @abstractmethod
-    def in_memory(self, cfg: TrainConfig) -> tuple[Dataset, str, str]:
+    def in_memory(self, cfg: RunSettings) -> tuple[Dataset, str, str]:
         """``(training split, what it is, content digest)`` for the in-memory upstream."""
 
     @abstractmethod
-    def transforms(self, cfg: TrainConfig, *, sharded: bool) -> Transforms:
+    def transforms(self, cfg: RunSettings, *, sharded: bool) -> Transforms:
         """The loader's augmentation at ``cfg.where``; ``sharded``: examples come from shards."""
 
     @abstractmethod
@@ -98,9 +114,10 @@ class Workload(ABC):
 
     @abstractmethod
     def build_model(
-        self, cfg: TrainConfig, data: Data
+        self, cfg: RunSettings, vocab_size: int | None
     ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """A fresh model (seeded by the caller) and its optimizer."""
+        """A fresh model (seeded by the caller) and its optimizer; ``vocab_size``: the data's
+        token ids (None for data without a vocabulary)."""
 
     @abstractmethod
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -111,7 +128,7 @@ class Workload(ABC):
         """``(metric, accuracy or None, loss)`` of ``model`` on ``split``."""
 
     @abstractmethod
-    def example_bytes(self, cfg: TrainConfig) -> int:
+    def example_bytes(self, cfg: RunSettings) -> int:
         """A generous size of one buffered training example, for checkpoint estimates."""
 
     @abstractmethod

@@ -31,14 +31,19 @@ from torch import nn
 from torch.utils.data import Subset
 
 from dataecho import _validate
-from dataecho.app.workloads.base import EvalSplits, Split, Transforms, Workload, digest
+from dataecho.app.workloads.base import (
+    EvalSplits,
+    RunSettings,
+    Split,
+    Transforms,
+    Workload,
+    digest,
+)
 from dataecho.errors import DataechoValueError
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
-    from dataecho.app.config import TrainConfig
-    from dataecho.app.upstream import Data
 
 # The Austen vocabulary's size, <unk> included: what a synthetic step's model is built for.
 AUSTEN_VOCAB = 82
@@ -250,7 +255,7 @@ class AustenCharLM(Workload):
 
         return DEFAULT_PACKAGE_DIR
 
-    def eval_splits(self, cfg: TrainConfig) -> EvalSplits:
+    def eval_splits(self, cfg: RunSettings) -> EvalSplits:
         from dataecho.app.sources.austen import AustenChars
 
         val = AustenChars("val", cfg.seq_len, package_dir=cfg.data_dir, novels=novels(cfg.data_dir))
@@ -263,7 +268,7 @@ class AustenCharLM(Workload):
             len(val.vocab),
         )
 
-    def in_memory(self, cfg: TrainConfig) -> tuple[Dataset, str, str]:
+    def in_memory(self, cfg: RunSettings) -> tuple[Dataset, str, str]:
         from dataecho.app.sources.austen import AustenChars
 
         train = AustenChars(
@@ -274,7 +279,7 @@ class AustenCharLM(Workload):
         name = f"Austen train chunks of {cfg.seq_len} characters"
         return (Subset(train, range(n)) if n < len(train) else train), name, content
 
-    def transforms(self, cfg: TrainConfig, *, sharded: bool) -> Transforms:
+    def transforms(self, cfg: RunSettings, *, sharded: bool) -> Transforms:
         # No augmentation: a shard's chunk only splits into input and target.
         return Transforms(transform=SplitChunk(cfg.seq_len) if sharded else None)
 
@@ -296,9 +301,9 @@ class AustenCharLM(Workload):
         )
 
     def build_model(
-        self, cfg: TrainConfig, data: Data
+        self, cfg: RunSettings, vocab_size: int | None
     ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        model = CharTransformer(CharLMConfig(data.vocab_size, context=cfg.seq_len))
+        model = CharTransformer(CharLMConfig(vocab_size, context=cfg.seq_len))
         return model, make_optimizer(model, lr=cfg.lr)
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -311,7 +316,7 @@ class AustenCharLM(Workload):
         loss = evaluate(model, batches)
         return loss, None, loss
 
-    def example_bytes(self, cfg: TrainConfig) -> int:
+    def example_bytes(self, cfg: RunSettings) -> int:
         return 2 * 8 * cfg.seq_len  # input and target, int64 each
 
     def measure_step_seconds(self, batch_size: int, steps: int, *, seq_len: int) -> float:

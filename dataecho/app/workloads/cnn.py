@@ -22,7 +22,14 @@ from torch import nn
 
 from dataecho import augment
 from dataecho.app.sources.fashion_mnist import FashionMNIST, load_split
-from dataecho.app.workloads.base import EvalSplits, Split, Transforms, Workload, digest
+from dataecho.app.workloads.base import (
+    EvalSplits,
+    RunSettings,
+    Split,
+    Transforms,
+    Workload,
+    digest,
+)
 from dataecho.app.workloads.image_augment import (
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
@@ -33,8 +40,6 @@ from dataecho.app.workloads.image_augment import (
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
-    from dataecho.app.config import TrainConfig
-    from dataecho.app.upstream import Data
 from dataecho.errors import DataechoValueError
 
 
@@ -144,7 +149,7 @@ class FashionMNISTCNN(Workload):
 
         return DEFAULT_DATA_DIR
 
-    def eval_splits(self, cfg: TrainConfig) -> EvalSplits:
+    def eval_splits(self, cfg: RunSettings) -> EvalSplits:
         test = FashionMNIST(cfg.data_dir, "test")
         n = min(cfg.eval_examples, len(test))
         eval_set = (normalize(test.images[:n]), test.labels[:n])  # normalised once, not per eval
@@ -156,11 +161,11 @@ class FashionMNISTCNN(Workload):
             )
         return EvalSplits(eval_set, (test.images, test.labels))
 
-    def in_memory(self, cfg: TrainConfig) -> tuple[Dataset, str, str]:
+    def in_memory(self, cfg: RunSettings) -> tuple[Dataset, str, str]:
         train = FashionMNIST(cfg.data_dir, "train", limit=cfg.train_examples)
         return train, "Fashion-MNIST train", digest(train.images, train.labels)
 
-    def transforms(self, cfg: TrainConfig, *, sharded: bool) -> Transforms:
+    def transforms(self, cfg: RunSettings, *, sharded: bool) -> Transforms:
         # Echoing after augmentation needs the copies identical: per example, before echoing.
         # Elsewhere each example of a batch is drawn on its own in one call, much cheaper than
         # a call per example, and on the device for where="device" (batches sent as uint8).
@@ -184,7 +189,7 @@ class FashionMNISTCNN(Workload):
         )  # fmt: skip
 
     def build_model(
-        self, cfg: TrainConfig, data: Data
+        self, cfg: RunSettings, vocab_size: int | None
     ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = SmallCNN()
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
@@ -198,7 +203,7 @@ class FashionMNISTCNN(Workload):
         r = evaluate(model, split)
         return r.accuracy, r.accuracy, r.loss
 
-    def example_bytes(self, cfg: TrainConfig) -> int:
+    def example_bytes(self, cfg: RunSettings) -> int:
         return 4 * 28 * 28  # a float32 image
 
     def measure_step_seconds(self, batch_size: int, steps: int, *, seq_len: int) -> float:
