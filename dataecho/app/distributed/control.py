@@ -1,6 +1,6 @@
 """The control numbers: what each process adds to an exchange, and what every rank reads back.
 
-    tally = Tally(signals, fresh_examples)        # after the loader's first batches, if any
+    tally = Tally(signals, fresh_examples)        # the loader's total so far (a resume's)
     tally.step(fresh_examples)                    # after each optimizer step
     summed = <the exchange>(tally.control(target=run.stop_vote))   # a Control, reduced
     if summed.stopping: ...                       # the same answer on every rank

@@ -3,8 +3,8 @@
     signals = StopSignals(enabled=cfg.checkpoint_on_exit)
     with signals:
         batch = signals.fetch(batches)         # None: too late to wait, join the exchange void
-        votes = signals.votes(void=batch is None)   # a Control (.control) with these votes set
-        summed = <the exchange>                # the Control of every rank, reduced
+        votes = signals.votes(void=batch is None)   # a .control.Control: these votes set
+        summed = <the exchange>                # every rank's Control, its votes in, reduced
         if summed.stopping: final checkpoint (unless summed.void); raise signals.exception(summed)
 
 A signal reaches the ranks at different moments (the launcher forwards its own to each rank,

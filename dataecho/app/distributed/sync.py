@@ -2,8 +2,9 @@
 
 Both carry a few *control* numbers (a :class:`.control.Control`, packed: fresh examples and
 steps since the last exchange, the target's stop vote, the signal votes of :mod:`.signals`)
-inside the collective they make anyway, so every rank learns the run's global counts and takes the same decisions (stop,
-evaluate, checkpoint) at the same exchange, with no extra round:
+inside the collective they make anyway, so every rank learns the run's global counts and
+takes the same decisions (stop, evaluate, checkpoint) at the same exchange, with no extra
+round:
 
 - ``ddp`` (:class:`GradientSync`): ``DistributedDataParallel``; a comm hook all-reduces each
   gradient bucket, the first one with the control numbers appended. One round per step (the
