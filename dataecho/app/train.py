@@ -166,6 +166,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         on_exit = ExitCheckpoint(loader, final_save if cfg.checkpoint_on_exit and rank is None
                                  else None, log=say, label=cfg.name)  # fmt: skip
         signals = rank.signals if rank is not None else StopSignals(enabled=False)
+        comm_row = None if rank is None else rank.comm_row  # more keys in evaluation rows
         evaluate_snapshot = functools.partial(periodic_evaluation, cfg, split=data.eval_set)
         evaluator = (
             BackgroundEvaluator(model, evaluate_snapshot)
@@ -214,8 +215,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                     tally.exchanged()
                     count_exchange(cfg, run, summed)
                     run_evaluations(cfg, run, model, loader, data, history, start, say,
-                                    evaluator, rank=me, world=world,
-                                    extra=None if rank is None else rank.comm_row)  # fmt: skip
+                                    evaluator, rank=me, world=world, extra=comm_row)  # fmt: skip
                     if cfg.checkpoint_dir is not None and checkpoint_due(cfg, run, world):
                         checkpoint()
                     if summed.stopping:  # after the exchange, as a periodic checkpoint
