@@ -61,16 +61,18 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 
 from dataecho.app.config import TrainConfig
+from dataecho.app.distributed.control import Control, Tally
 from dataecho.app.distributed.group import in_torchrun
 from dataecho.app.distributed.launch import launch_ranks
 from dataecho.app.distributed.rank import Rank, join_group
 from dataecho.app.distributed.result import distributed_result, rank_counters
-from dataecho.app.distributed.signals import StopSignals, stopping, void
+from dataecho.app.distributed.signals import StopSignals
 from dataecho.app.distributed.strategy import make_sync
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.shutdown import ExitCheckpoint
@@ -131,11 +133,8 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         training_device(cfg.device, local_rank=cfg.nproc - 1)  # refused here, not in a rank
         return launch_ranks(cfg, train)  # every rank runs this function under torchrun
     with contextlib.ExitStack() as stack:
-        if in_torchrun():
-            rank = stack.enter_context(join_group(cfg))
-            device = rank.info.device
-        else:
-            rank, device = None, training_device(cfg.device)
+        rank = stack.enter_context(join_group(cfg)) if in_torchrun() else None
+        device = training_device(cfg.device) if rank is None else rank.info.device
         stack.enter_context(torch_threads(cfg.threads))  # why 1: the module docstring
         me, world = (None, 1) if rank is None else (rank.rank, rank.world_size)
         say = line_logger(cfg, log) if me in (None, 0) else (lambda line: None)
@@ -168,30 +167,17 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         on_exit = ExitCheckpoint(loader, final_save if cfg.checkpoint_on_exit and rank is None
                                  else None, log=say, label=cfg.name)  # fmt: skip
         signals = rank.signals if rank is not None else StopSignals(enabled=False)
+        comm_row = None if rank is None else rank.comm_row  # more keys in evaluation rows
         evaluate_snapshot = functools.partial(periodic_evaluation, cfg, split=data.eval_set)
         evaluator = (
             BackgroundEvaluator(model, evaluate_snapshot)
             if cfg.eval_in_background and rank is None
             else None
         )
-
-        def checkpoint() -> Any:  # at an exchange: the wall time so far goes in
-            run.seconds = time.perf_counter() - start
-            return save(cfg, parts, run, history, losses)
-
-        def control(pending: list[int], void: bool = False) -> list[float]:
-            """This process's control numbers for the next exchange (:mod:`.sync`)."""
-            return [*pending, float(run.stop_vote), *signals.votes(void)]
-
-        def stop_on_signal(summed: list[float]) -> None:  # data parallel: every rank at once
-            assert rank is not None
-            rank.stop_on_signal(cfg, run.global_steps, summed, checkpoint, say)
-
-        def probe(net: torch.nn.Module) -> torch.Tensor:  # a loss without a batch of ours
-            inputs, targets = data.eval_set
-            return step_loss(cfg, net, to_device((inputs[:1], targets[:1]), device))
-
-        seen, pending = loader.stats.fresh_examples, [0, 0]  # since the last exchange
+        checkpoint = functools.partial(_checkpoint, cfg, parts, run, history, losses, start)
+        stop = functools.partial(_stop_on_signal, cfg, rank, run, checkpoint, say)
+        probe = functools.partial(_probe, cfg, data.eval_set, device)
+        tally = Tally(signals, loader.stats.fresh_examples)  # for the next exchange
         batches = on_exit.batches(_epochs(cfg, data, loader, run, bar, rank))
         with (
             bar,
@@ -204,16 +190,15 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                 work_before = loader.stats.work_seconds
                 batch = signals.fetch(batches)
                 if batch is None:  # signalled, and no batch within the grace: stop
-                    stop_on_signal(sync.void_exchange(control([0, 0], void=True), probe,
-                                                      optimizer))  # fmt: skip
+                    stop(sync.void_exchange(tally.void(), probe, optimizer))
                 t0 = time.perf_counter()
                 loss = step_loss(cfg, sync.net, to_device(batch, device))
                 optimizer.zero_grad(set_to_none=True)
                 now = loader.stats.fresh_examples
-                pending, seen = [pending[0] + now - seen, pending[1] + 1], now
-                summed = sync.backward(loss, control(pending))  # ddp: an exchange
-                if summed is not None and void(summed):  # a rank has no step: none is taken
-                    stop_on_signal(summed)
+                tally.step(now)
+                summed = sync.backward(loss, tally.control(run.stop_vote))  # ddp: an exchange
+                if summed is not None and summed.void:  # a rank has no step: none is taken
+                    stop(summed)
                 optimizer.step()
                 # The training thread's compute per step: the step, and the loader's work on
                 # this thread (where=device: augmenting the copy), so R's t_down holds it all.
@@ -223,20 +208,19 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                 losses.append(loss.item())
                 run.loss_sum, run.loss_count = run.loss_sum + losses[-1], run.loss_count + 1
                 if summed is None:  # local-echo: at a sync point; one process: every step
-                    summed = sync.after_step(now, control(pending))
+                    summed = sync.after_step(now, tally.control(run.stop_vote))
 
                 if summed is not None:  # an exchange: the same decisions on every rank
-                    if void(summed):
-                        stop_on_signal(summed)
-                    pending = [0, 0]
+                    if summed.void:
+                        stop(summed)
+                    tally.exchanged()
                     count_exchange(cfg, run, summed)
                     run_evaluations(cfg, run, model, loader, data, history, start, say,
-                                    evaluator, rank=me, world=world,
-                                    extra=None if rank is None else rank.comm_row)  # fmt: skip
+                                    evaluator, rank=me, world=world, extra=comm_row)  # fmt: skip
                     if cfg.checkpoint_dir is not None and checkpoint_due(cfg, run, world):
                         checkpoint()
-                    if stopping(summed):  # after the exchange, as a periodic checkpoint
-                        stop_on_signal(summed)
+                    if summed.stopping:  # after the exchange, as a periodic checkpoint
+                        stop(summed)
                 on_exit.after_step()  # one process: a signal during the step stops it here
             run.seconds = time.perf_counter() - start
             counters = None if rank is None else rank.gather(rank_counters(rank, loader, run.steps))
@@ -253,6 +237,30 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         return result
     assert counters is not None
     return distributed_result(result, counters, fresh=run.fresh, rank=rank.rank, sync=cfg.sync)
+
+
+def _checkpoint(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list,
+                losses: list, start: float) -> Path | None:  # fmt: skip
+    """A checkpoint at an exchange, with the wall time so far (from ``start``) in it."""
+    run.seconds = time.perf_counter() - start
+    return save(cfg, parts, run, history, losses)
+
+
+def _stop_on_signal(cfg: TrainConfig, rank: Rank | None, run: RunCounters,
+                    checkpoint: Callable[[], Path | None], say: Callable[[str], None],
+                    summed: Control) -> NoReturn:  # fmt: skip
+    """The exchange ``summed`` voted to stop (or was void): every rank stops after it
+    (:meth:`.Rank.stop_on_signal`). One process never votes: its signals stop it in
+    :class:`~dataecho.app.shutdown.ExitCheckpoint`."""
+    assert rank is not None
+    rank.stop_on_signal(cfg, run.global_steps, summed, checkpoint, say)
+
+
+def _probe(cfg: TrainConfig, split: tuple, device: torch.device,
+           net: torch.nn.Module) -> torch.Tensor:  # fmt: skip
+    """A loss without a batch of ours (one example of ``split``): a void gradient round's."""
+    inputs, targets = split
+    return step_loss(cfg, net, to_device((inputs[:1], targets[:1]), device))
 
 
 def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCounters,

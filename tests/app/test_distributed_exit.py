@@ -31,8 +31,9 @@ from test_distributed_sync import run_ranks as sync_run_ranks
 from dataecho.app.checkpoint_file import list_checkpoints, load_checkpoint
 from dataecho.app.config import TrainConfig
 from dataecho.app.config_file import config_from
+from dataecho.app.distributed.control import Control
 from dataecho.app.distributed.launch import stopped_by
-from dataecho.app.distributed.signals import StopSignals, stopping, void
+from dataecho.app.distributed.signals import StopSignals
 from dataecho.app.shutdown import Terminated
 from dataecho.app.sources.fashion_mnist import (
     DEFAULT_DATA_DIR,
@@ -58,13 +59,13 @@ def _blocking(first: list[int]):
 def test_a_signal_sets_a_flag_and_a_wait_within_the_grace_goes_on():
     with StopSignals(enabled=True, grace=60) as signals:
         batches = iter([1, 2, 3])
-        assert signals.fetch(batches) == 1 and signals.votes() == [0.0, 0.0, 0.0]
+        assert signals.fetch(batches) == 1 and signals.votes() == Control()
         os.kill(os.getpid(), signal.SIGINT)  # during a "step": only the flag
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher's copy: the first one counts
         assert signals.signum == signal.SIGINT
         assert signals.fetch(batches) == 2  # the data comes: no reason to cut the wait
-        assert signals.votes() == [0.0, 1.0, 0.0] and signals.votes(void=True)[-1] == 1.0
-        assert isinstance(signals.exception([0, 0, 0, 0.0, 2.0, 0.0]), KeyboardInterrupt)
+        assert signals.votes() == Control(sigint=True) and signals.votes(void=True).void
+        assert isinstance(signals.exception(Control(sigint=True)), KeyboardInterrupt)
 
 
 @pytest.mark.timeout(30)
@@ -78,16 +79,18 @@ def test_past_the_grace_a_wait_for_data_is_cut_short():
         assert signals.fetch(batches) is None  # not after 600 s: the timer cut the sleep
         assert time.monotonic() - t0 >= grace and signals.late
         assert signals.fetch(iter([2])) is None  # past the grace: no more waiting at all
-        assert isinstance(signals.exception([0, 0, 0, 1.0, 0.0, 1.0]), Terminated)
+        assert isinstance(signals.exception(Control(sigterm=True, void=True)), Terminated)
 
 
 def test_votes_read_from_the_sums_and_a_peers_signal_stops_this_rank_too():
-    assert not stopping([64, 2, 0, 0, 0, 0]) and stopping([64, 2, 0, 1, 0, 0])
-    assert stopping([64, 2, 0, 0, 1, 1]) and void([64, 2, 0, 0, 1, 1])
-    assert not void([64, 2, 1, 2, 0, 0])
+    assert not Control(fresh=64, steps=2).stopping
+    assert Control(fresh=64, steps=2, sigterm=True).stopping
+    both = Control(fresh=64, steps=2, sigint=True, void=True)
+    assert both.stopping and both.void
+    assert not Control(fresh=64, steps=2, target=True, sigterm=True).void
     with StopSignals(enabled=True) as signals:  # this rank got no signal
-        assert isinstance(signals.exception([0, 0, 0, 1.0, 1.0, 0.0]), Terminated)
-        assert isinstance(signals.exception([0, 0, 0, 0.0, 1.0, 0.0]), KeyboardInterrupt)
+        assert isinstance(signals.exception(Control(sigterm=True, sigint=True)), Terminated)
+        assert isinstance(signals.exception(Control(sigint=True)), KeyboardInterrupt)
 
 
 def _sleep_then_exit() -> None:

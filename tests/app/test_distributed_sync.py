@@ -3,7 +3,8 @@
 One process group runs every scenario (the ranks' start-up is the expensive part): disjoint
 reads, local-echo averaging (models equal after each average, one all-reduce per fresh batch
 at every e), ddp (one gradient all-reduce per step: e per fresh batch), probabilistic
-averaging drawn identically on both ranks. The rank-splitting of the in-memory reader is also
+averaging drawn identically on both ranks, the control numbers (counts summed, votes any
+rank's). The rank-splitting of the in-memory reader is also
 checked in this process, with DataLoader workers.
 """
 
@@ -18,10 +19,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from dataecho.app.distributed import CommStats, GradientSync, Guard, ModelAveraging, fresh_batches
+from dataecho.app.distributed.control import Control
 from dataecho.app.distributed.group import init_group, shutdown_group
-from dataecho.app.distributed.sync import CONTROL
 from dataecho.loader import EchoingDataLoader
 from dataecho.loader.reading import IndexedReader, data_parallel_rank, epoch_order, reader_share
 
@@ -125,7 +127,7 @@ def _local_echo(guard: Guard, e: float, where: str, avg_prob: float = 1.0) -> di
         now = loader.stats.fresh_examples
         if fresh_batches(now, BATCH) > synced:
             synced = fresh_batches(now, BATCH)
-            summed = averaging.at_sync_point([now, steps] + [0.0] * (CONTROL - 2))
+            summed = averaging.at_sync_point(Control(fresh=now, steps=steps))
             if summed is not None:
                 averaged.append(stats.sync_points)
                 snapshots.append(_flat(model))
@@ -142,12 +144,20 @@ def _ddp(guard: Guard, e: float) -> dict[str, Any]:
     for x, y in loader:
         loss = torch.nn.functional.cross_entropy(sync.model(x), y)
         opt.zero_grad()
-        control = [float(len(y)), 1.0, float(guard.info.rank)] + [0.0] * (CONTROL - 3)
+        control = Control(fresh=len(y), steps=1, target=guard.info.rank == 1)
         sums.append(sync.exchange(loss, control))
         opt.step()
         steps += 1
     return {"stats": stats.as_dict(), "fresh": loader.stats.fresh_examples, "steps": steps,
             "sums": sums, "final": _flat(model)}  # fmt: skip
+
+
+def _control(rank: int) -> Control:
+    """Each rank's own control numbers, all-reduced as an exchange carries them."""
+    mine = Control(fresh=10 + rank, steps=1 + rank, sigint=rank == 1, void=rank == 1)
+    payload = mine.pack()
+    dist.all_reduce(payload)
+    return Control.unpack(payload)
 
 
 def _scenarios(rank: int) -> dict[str, Any]:
@@ -165,6 +175,7 @@ def _scenarios(rank: int) -> dict[str, Any]:
             out[f"ddp-{e}"] = _ddp(guard, e)
         out["local-example"] = _local_echo(guard, 2, "after_augment")
         out["local-prob"] = _local_echo(guard, 2, "batch", avg_prob=0.5)
+        out["control"] = _control(rank)
         return out
     finally:
         guard.close()
@@ -198,7 +209,7 @@ def test_local_echo_one_allreduce_per_fresh_batch_and_equal_models(ranks, e):
     for r in (a, b):
         assert r["steps"] == e * fresh_per_rank  # e steps per fresh batch
         assert r["stats"]["allreduce_calls"] == fresh_per_rank  # 1 round, whatever e
-        assert r["stats"]["allreduce_bytes"] == fresh_per_rank * (r["numel"] + CONTROL) * 4
+        assert r["stats"]["allreduce_bytes"] == fresh_per_rank * (r["numel"] + Control.width()) * 4
         assert r["stats"]["other_calls"] == 1  # the starting broadcast
     assert torch.equal(a["start"], b["start"])  # rank 0's initial model on both
     assert len(a["snapshots"]) == fresh_per_rank
@@ -217,7 +228,7 @@ def test_ddp_one_allreduce_per_step_so_e_per_fresh_batch(ranks, e):
         assert r["steps"] == e * fresh_batches_per_rank
         assert r["stats"]["allreduce_calls"] == r["steps"]  # one bucket: one round a step
         # The control numbers ride in the gradient round: summed over both ranks.
-        assert r["sums"] == [[2.0 * BATCH, 2.0, 1.0] + [0.0] * (CONTROL - 3)] * r["steps"]
+        assert r["sums"] == [Control(fresh=2 * BATCH, steps=2, target=True)] * r["steps"]
     assert torch.equal(a["final"], b["final"])  # averaged gradients: the same model
 
 
@@ -280,3 +291,10 @@ def test_a_rank_outside_the_world_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="RANK=2 is outside 0..WORLD_SIZE-1"):
         data_parallel_rank()
+
+
+@pytest.mark.timeout(150)
+def test_control_numbers_all_reduced_over_two_ranks_sum_counts_and_or_votes(ranks):
+    # Rank 0: 10 fresh, 1 step, no vote; rank 1: 11 fresh, 2 steps, SIGINT and void.
+    want = Control(fresh=21, steps=3, target=False, sigterm=False, sigint=True, void=True)
+    assert [r["control"] for r in ranks] == [want, want]

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from dataecho.app.checkpoint_file import list_checkpoints
 from dataecho.app.config import TrainConfig
+from dataecho.app.distributed.control import Control
 from dataecho.app.distributed.group import (
     GroupInfo,
     Guard,
@@ -27,7 +28,7 @@ from dataecho.app.distributed.group import (
     local_rank,
     shutdown_group,
 )
-from dataecho.app.distributed.signals import StopSignals, void
+from dataecho.app.distributed.signals import StopSignals
 from dataecho.app.distributed.sync import CommStats
 from dataecho.app.training.device import training_device
 
@@ -65,7 +66,7 @@ class Rank:
         return {"allreduce_calls": s.allreduce_calls, "allreduce_bytes": s.allreduce_bytes,
                 "comm_seconds": s.comm_seconds}  # fmt: skip
 
-    def stop_on_signal(self, cfg: TrainConfig, global_steps: int, summed: list[float],
+    def stop_on_signal(self, cfg: TrainConfig, global_steps: int, summed: Control,
                        checkpoint: Callable[[], Path | None], say: Callable[[str], None],
                        ) -> NoReturn:  # fmt: skip
         """The ranks voted to stop in the exchange ``summed`` (:mod:`.signals`): write the
@@ -76,7 +77,7 @@ class Rank:
         stop = self.signals.exception(summed)
         what = signal.Signals(own).name if own else "a signal to another rank"
         found = list_checkpoints(cfg.checkpoint_dir) if self.rank == 0 else []
-        if void(summed):
+        if summed.void:
             latest = f"the latest, {found[-1][1]}" if found else "none yet: a fresh start"
             say(f"[{cfg.name}] {what}: a rank had no batch {self.signals.grace:g} s after it, "
                 "so no state is consistent: stopped without a final checkpoint; --resume "

@@ -3,14 +3,14 @@
     signals = StopSignals(enabled=cfg.checkpoint_on_exit)
     with signals:
         batch = signals.fetch(batches)         # None: too late to wait, join the exchange void
-        control = [fresh, steps, target_vote, *signals.votes(void=batch is None)]
-        summed = <the exchange>                # its control numbers summed over the ranks
-        if stopping(summed): final checkpoint (unless void(summed)); raise signals.exception(summed)
+        votes = signals.votes(void=batch is None)   # a .control.Control: these votes set
+        summed = <the exchange>                # every rank's Control, its votes in, reduced
+        if summed.stopping: final checkpoint (unless summed.void); raise signals.exception(summed)
 
 A signal reaches the ranks at different moments (the launcher forwards its own to each rank,
 Ctrl-C reaches every process of the group, a scheduler may signal one rank), and a rank that
 acted alone would leave the others in a collective it never joins. So a handler only sets a
-flag; the flag rides in the control numbers of the next exchange (:mod:`.sync`: no extra
+flag; the flag rides in the control numbers of the next exchange (:mod:`.control`: no extra
 collective; a separate 1-float all-reduce costs ~1 ms on gloo, ~7% of a CNN step here) and
 every rank reads the same sum: all stop after the same exchange, where the models agree, the
 point a periodic checkpoint is written at.
@@ -37,10 +37,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+from dataecho.app.distributed.control import Control
 from dataecho.app.shutdown import SIGNALS, exception_for
 
 T = TypeVar("T")
-VOTES = 3  # control numbers added to an exchange: ranks signalled SIGTERM, SIGINT; void ranks
 _installed: list[StopSignals] = []  # the handlers in, in this process (forks block signals)
 
 
@@ -58,16 +58,6 @@ os.register_at_fork(after_in_child=_block_in_child)
 def default_grace() -> float:
     """A third of the launcher's shutdown grace: time left to step, exchange and save."""
     return float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")) / 3
-
-
-def stopping(summed: list[float]) -> bool:
-    """Whether some rank voted to stop in the exchange whose control numbers are ``summed``."""
-    return summed[-VOTES] + summed[-VOTES + 1] > 0
-
-
-def void(summed: list[float]) -> bool:
-    """Whether some rank joined that exchange without a step (see the module docstring)."""
-    return summed[-1] > 0
 
 
 # A BaseException: it is raised inside the wait for data (the loader's, an upstream's retry
@@ -146,18 +136,19 @@ class StopSignals:
         finally:
             self._waiting = False
 
-    def votes(self, void: bool = False) -> list[float]:
-        """This rank's ``VOTES`` control numbers for the next exchange."""
-        return [float(self.signum == signal.SIGTERM), float(self.signum == signal.SIGINT),
-                float(void)]  # fmt: skip
+    def votes(self, void: bool = False) -> Control:
+        """This rank's votes for the next exchange (its signal; ``void``: it has no step),
+        the other fields unset."""
+        return Control(sigterm=self.signum == signal.SIGTERM,
+                       sigint=self.signum == signal.SIGINT, void=void)  # fmt: skip
 
-    def exception(self, summed: list[float]) -> BaseException:
+    def exception(self, summed: Control) -> BaseException:
         """What stops this rank after an exchange that voted to stop: its own signal's
         exception, or (signalled elsewhere) SIGTERM's when some rank got SIGTERM."""
         self.acted = True
         if self.signum is not None:
             return exception_for(self.signum)
-        return exception_for(signal.SIGTERM if summed[-VOTES] > 0 else signal.SIGINT)
+        return exception_for(signal.SIGTERM if summed.sigterm else signal.SIGINT)
 
     def _handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self._pid:

@@ -8,9 +8,9 @@
     optimizer.step()
     summed = summed or sync.after_step(fresh_examples, control)   # local-echo: a sync point
 
-An *exchange* returns the control numbers summed over the ranks (:mod:`.sync`): the loop takes
-its decisions (evaluate, checkpoint, stop) after one, from those sums, so every rank takes the
-same ones. One process exchanges with itself after every step.
+An *exchange* returns the control numbers reduced over the ranks (a :class:`.control.Control`):
+the loop takes its decisions (evaluate, checkpoint, stop) after one, from those, so every rank
+takes the same ones. One process exchanges with itself after every step.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dataecho.app.config import TrainConfig
+from dataecho.app.distributed.control import Control
 from dataecho.app.distributed.sync import GradientSync, ModelAveraging, fresh_batches
 
 
@@ -34,14 +35,14 @@ class SingleProcess:
     def start(self, fresh_examples: int) -> None:
         pass
 
-    def backward(self, loss: torch.Tensor, control: list[float]) -> list[float] | None:
+    def backward(self, loss: torch.Tensor, control: Control) -> Control | None:
         loss.backward()
         return None
 
-    def after_step(self, fresh_examples: int, control: list[float]) -> list[float] | None:
+    def after_step(self, fresh_examples: int, control: Control) -> Control | None:
         return control
 
-    def void_exchange(self, control: list[float], probe: Any, optimizer: Any) -> list[float]:
+    def void_exchange(self, control: Control, probe: Any, optimizer: Any) -> Control:
         raise AssertionError("a single process never joins an exchange without a step")
 
     def state_dict(self) -> dict[str, Any]:
@@ -60,13 +61,13 @@ class DDPSync(SingleProcess):
         self.gradients = GradientSync(model, rank.guard, rank.stats)
         self.net = self.gradients.model
 
-    def backward(self, loss: torch.Tensor, control: list[float]) -> list[float] | None:
+    def backward(self, loss: torch.Tensor, control: Control) -> Control | None:
         return self.gradients.exchange(loss, control)
 
-    def after_step(self, fresh_examples: int, control: list[float]) -> list[float] | None:
+    def after_step(self, fresh_examples: int, control: Control) -> Control | None:
         return None  # exchanged in the backward pass
 
-    def void_exchange(self, control: list[float], probe: Any, optimizer: Any) -> list[float]:
+    def void_exchange(self, control: Control, probe: Any, optimizer: Any) -> Control:
         """The gradient round without a batch of ours: ``probe()``'s loss (one evaluation
         example) gives the backward pass its buckets; no rank steps on this exchange."""
         loss = probe(self.net)
@@ -91,14 +92,14 @@ class LocalEchoSync(SingleProcess):
         self.averaging.start()
         self.synced = fresh_batches(fresh_examples, self.batch_size)
 
-    def after_step(self, fresh_examples: int, control: list[float]) -> list[float] | None:
+    def after_step(self, fresh_examples: int, control: Control) -> Control | None:
         arrived = fresh_batches(fresh_examples, self.batch_size)
         if arrived <= self.synced:
             return None
         self.synced = arrived  # one sync point per arrival
         return self.averaging.at_sync_point(control)
 
-    def void_exchange(self, control: list[float], probe: Any, optimizer: Any) -> list[float]:
+    def void_exchange(self, control: Control, probe: Any, optimizer: Any) -> Control:
         return self.averaging.average(control)
 
     def state_dict(self) -> dict[str, Any]:

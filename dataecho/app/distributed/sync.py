@@ -1,9 +1,10 @@
 """How the ranks of a data-parallel run stay in agreement: ``ddp`` or ``local-echo``.
 
-Both carry a few *control* numbers (fresh examples and steps since the last exchange, the
-target's stop vote, the signal votes of :mod:`.signals`) inside the collective they make
-anyway, so every rank learns the run's global counts and takes the same decisions (stop,
-evaluate, checkpoint) at the same exchange, with no extra round:
+Both carry a few *control* numbers (a :class:`.control.Control`, packed: fresh examples and
+steps since the last exchange, the target's stop vote, the signal votes of :mod:`.signals`)
+inside the collective they make anyway, so every rank learns the run's global counts and
+takes the same decisions (stop, evaluate, checkpoint) at the same exchange, with no extra
+round:
 
 - ``ddp`` (:class:`GradientSync`): ``DistributedDataParallel``; a comm hook all-reduces each
   gradient bucket, the first one with the control numbers appended. One round per step (the
@@ -24,11 +25,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from dataecho.app.distributed.control import Control
 from dataecho.app.distributed.group import Guard
-
-# Summed over ranks: fresh examples and steps since the last exchange, target stop votes,
-# then the signal votes (dataecho.app.distributed.signals.VOTES of them).
-CONTROL = 6
 
 
 @dataclass
@@ -66,7 +64,7 @@ class ModelAveraging:
         self.tensors = [p.data for p in model.parameters()] + floats
         self.numel = sum(t.numel() for t in self.tensors)
         device = self.tensors[0].device
-        self.flat = torch.empty(self.numel + CONTROL, dtype=torch.float32, device=device)
+        self.flat = torch.empty(self.numel + Control.width(), dtype=torch.float32, device=device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"rng": self._rng.get_state()}
@@ -76,20 +74,20 @@ class ModelAveraging:
 
     def start(self) -> None:
         """Give every rank rank 0's model (after a resume, or an init on other seeds)."""
-        self._pack([0.0] * CONTROL)
+        self._pack(Control())
         self.guard.run("broadcast", lambda: dist.broadcast(self.flat, src=0))
         self.stats.other_calls += 1
         self._unpack()
 
-    def at_sync_point(self, control: list[float]) -> list[float] | None:
+    def at_sync_point(self, control: Control) -> Control | None:
         """A fresh batch arrived: average (probability ``avg_prob``) and return the control
-        numbers summed over the ranks, or None when this sync point is skipped."""
+        numbers reduced over the ranks, or None when this sync point is skipped."""
         self.stats.sync_points += 1
         if self.avg_prob < 1 and torch.rand((), generator=self._rng).item() >= self.avg_prob:
             return None
         return self.average(control)
 
-    def average(self, control: list[float]) -> list[float]:
+    def average(self, control: Control) -> Control:
         """Average now, with no draw: a sync point's, or a rank's that joins the next average
         without reaching its sync point (:mod:`.signals`, a void exchange)."""
         self._pack(control)
@@ -98,17 +96,17 @@ class ModelAveraging:
         self.stats.comm_seconds += time.perf_counter() - t0
         self.stats.allreduce_calls += 1
         self.stats.allreduce_bytes += self.flat.numel() * self.flat.element_size()
-        summed = self.flat[self.numel :].tolist()
+        summed = Control.unpack(self.flat[self.numel :])
         self.flat[: self.numel].div_(self.world)
         self._unpack()
         return summed
 
-    def _pack(self, control: list[float]) -> None:
+    def _pack(self, control: Control) -> None:
         at = 0
         for t in self.tensors:
             self.flat[at : at + t.numel()].copy_(t.reshape(-1))
             at += t.numel()
-        self.flat[self.numel :] = torch.tensor(control, dtype=self.flat.dtype)
+        self.flat[self.numel :] = control.pack()
 
     @torch.no_grad()
     def _unpack(self) -> None:
@@ -132,13 +130,13 @@ class GradientSync:
         # DDP's constructor broadcasts rank 0's parameters: every rank starts from them.
         self.model = guard.run("DDP setup", lambda: DistributedDataParallel(model, device_ids=ids))
         self.stats.other_calls += 1
-        self._control = torch.zeros(CONTROL, device=device)
-        self._summed: list[float] | None = None
+        self._control = torch.zeros(Control.width(), device=device)
+        self._summed: Control | None = None
         self.model.register_comm_hook(None, self._hook)
 
-    def exchange(self, loss: torch.Tensor, control: list[float]) -> list[float]:
-        """``loss.backward()`` with gradients all-reduced; the control numbers summed."""
-        self._control.copy_(torch.tensor(control))
+    def exchange(self, loss: torch.Tensor, control: Control) -> Control:
+        """``loss.backward()`` with gradients all-reduced; the control numbers reduced."""
+        self._control.copy_(control.pack())
         self._summed = None
         self.guard.run("gradient all-reduce", loss.backward)
         assert self._summed is not None, "DDP ran no bucket through the comm hook"
@@ -160,7 +158,7 @@ class GradientSync:
             out = f.value()[0]
             self.stats.comm_seconds += time.perf_counter() - t0
             if first:
-                self._summed = out[n:].tolist()
+                self._summed = Control.unpack(out[n:])
             return out[:n].div_(self.world)
 
         return fut.then(done)

@@ -19,6 +19,7 @@ import torch
 
 from dataecho.app import workloads
 from dataecho.app.config import TrainConfig
+from dataecho.app.distributed.control import Control
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.training.recipe import better, evaluate_split, metric_key, on_cpu
 from dataecho.app.training.record import RunCounters, history_row, log_line
@@ -32,12 +33,12 @@ def at_limit(cfg: TrainConfig, run: RunCounters, world: int = 1) -> bool:
     return run.fresh >= cfg.budget or (cfg.max_steps is not None and steps >= cfg.max_steps)
 
 
-def count_exchange(cfg: TrainConfig, run: RunCounters, summed: list[float]) -> None:
+def count_exchange(cfg: TrainConfig, run: RunCounters, summed: Control) -> None:
     """Add an exchange's control numbers (fresh examples and steps of every rank since the
-    last one, target votes: :mod:`dataecho.app.distributed.sync`) to the run's counts."""
-    run.fresh += round(summed[0])
-    run.global_steps += round(summed[1])
-    if summed[2] > 0 and cfg.stop_at_target:  # a target rank 0 reached at the exchange before
+    last one, the target's vote: :mod:`dataecho.app.distributed.control`) to the run's counts."""
+    run.fresh += summed.fresh
+    run.global_steps += summed.steps
+    if summed.target and cfg.stop_at_target:  # a target rank 0 reached at the exchange before
         run.done = True
 
 
