@@ -189,6 +189,8 @@ def test_a_dataecho_error_keeps_its_builtin_base_and_pickles() -> None:
 BARE_RAISES_ALLOWED = {
     # Only frameworks assign the private _iterator, and only None.
     ("dataecho.loader.echoing_loader", "EchoingDataLoader._iterator can only be reset to None"),
+    # Every rank packs the same dataclass: another width is a payload from other code.
+    ("dataecho.app.distributed.control", "a Control packs"),
 }
 
 

@@ -19,12 +19,9 @@ A new vote is one field here (``_vote()``), set where the process learns it (a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from dataecho.app.distributed.signals import StopSignals
 
 SUM, ANY = "sum", "any"  # the reductions over ranks a field can have (module docstring)
 
@@ -74,11 +71,17 @@ class Control:
         return self.sigterm or self.sigint
 
 
+class Voter(Protocol):
+    """What casts this process's signal votes (:class:`.signals.StopSignals`)."""
+
+    def votes(self, void: bool = False) -> Control: ...
+
+
 class Tally:
     """This process's part of the next exchange: its fresh examples and steps since the last
     one (counted from the loader's running total), with its votes."""
 
-    def __init__(self, signals: StopSignals, fresh_examples: int) -> None:
+    def __init__(self, signals: Voter, fresh_examples: int) -> None:
         self.signals = signals
         self.seen = fresh_examples  # the loader's total at the last step counted
         self.since = Control()
