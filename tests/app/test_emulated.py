@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from dataecho.app.sources.emulated import EmulatedStorage, EmulatedStream, open_emulated
-from dataecho.app.sources.shards import ShardDataset, shard_urls, write_image_shards
+from dataecho.app.sources.shard_writer import write_image_shards
+from dataecho.app.sources.shards import ShardDataset, shard_urls
 from dataecho.loader import EchoingDataLoader
 
 gopen = importlib.import_module("webdataset.gopen")

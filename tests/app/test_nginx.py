@@ -28,7 +28,8 @@ from dataecho.app.sources.nginx import (
     find_nginx,
     group_pids,
 )
-from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
+from dataecho.app.sources.shard_writer import write_image_shards
+from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest
 from dataecho.loader import EchoingDataLoader
 
 REPO = Path(__file__).resolve().parents[2]

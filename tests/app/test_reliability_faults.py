@@ -31,7 +31,8 @@ from dataecho.app.sources.retrying import (
     UpstreamError,
     is_transient,
 )
-from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest, write_image_shards
+from dataecho.app.sources.shard_writer import write_image_shards
+from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest
 from dataecho.loader import EchoingDataLoader
 
 N, PER_SHARD = 120, 40

@@ -25,7 +25,7 @@ from test_reliability_resume import synthetic
 
 from dataecho.app.checkpoint_file import latest_checkpoint, list_checkpoints, load_checkpoint
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND
-from dataecho.app.sources.shards import write_image_shards
+from dataecho.app.sources.shard_writer import write_image_shards
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES, BUDGET = 600, 1200  # two epochs: the kill may land in either

@@ -16,7 +16,8 @@ import pytest
 from conftest import needs_nginx, run_test_save_load_state, torch_roundtrip
 
 from dataecho.app.sources.nginx import NginxServer
-from dataecho.app.sources.shards import ShardDataset, write_image_shards
+from dataecho.app.sources.shard_writer import write_image_shards
+from dataecho.app.sources.shards import ShardDataset
 from dataecho.loader import EchoingDataLoader
 
 

@@ -19,14 +19,8 @@ from test_reliability_resume import damage_png
 
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES, INSTALL_COMMAND, load_split
 from dataecho.app.sources.retrying import BadRecordError
-from dataecho.app.sources.shards import (
-    MANIFEST,
-    ShardDataset,
-    load_manifest,
-    shard_urls,
-    write_image_shards,
-    write_text_shards,
-)
+from dataecho.app.sources.shard_writer import write_image_shards, write_text_shards
+from dataecho.app.sources.shards import MANIFEST, ShardDataset, load_manifest, shard_urls
 from dataecho.errors import DataechoError
 from dataecho.loader import EchoingDataLoader
 

@@ -36,7 +36,7 @@ from dataecho.app.sources.fashion_mnist import (
     write_subset,
 )
 from dataecho.app.sources.nginx import group_pids
-from dataecho.app.sources.shards import write_image_shards
+from dataecho.app.sources.shard_writer import write_image_shards
 from dataecho.app.train import train
 
 REPO = Path(__file__).resolve().parents[2]

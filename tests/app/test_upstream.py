@@ -22,7 +22,8 @@ from dataecho.app.sources.fashion_mnist import (
     load_split,
     write_subset,
 )
-from dataecho.app.sources.shards import MANIFEST, ShardDataset, write_text_shards
+from dataecho.app.sources.shard_writer import write_text_shards
+from dataecho.app.sources.shards import MANIFEST, ShardDataset
 from dataecho.app.sources.throttled import Throttled
 from dataecho.app.upstream import UpstreamError, build_data, prepare
 from dataecho.app.workloads.char_lm import SplitChunk

@@ -93,7 +93,7 @@ class EmulatedStorage:
         if not self.root_dir.is_dir():
             raise FileNotFoundError(
                 f"emulated storage: root_dir {str(root_dir)!r} is not a folder; write the "
-                "shards first (dataecho.app.sources.shards.write_image_shards)"
+                "shards first (dataecho.app.sources.shard_writer.write_image_shards)"
             )
         self.bandwidth = _real(bandwidth_bytes_per_s, "bandwidth_bytes_per_s", zero_ok=False)
         self.latency = _real(latency_s, "latency_s", zero_ok=True)

@@ -290,7 +290,7 @@ class AustenCharLM(Workload):
         """Chunks of ``seq_len + 1`` character ids (uint8) of :class:`AustenChars`' training
         split."""
         from dataecho.app.sources.austen import AustenChars
-        from dataecho.app.sources.shards import write_text_shards
+        from dataecho.app.sources.shard_writer import write_text_shards
 
         train = AustenChars("train", seq_len, package_dir=data_dir, novels=novels(data_dir))
         if len(train.vocab) > 256:

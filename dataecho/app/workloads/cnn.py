@@ -180,7 +180,7 @@ class FashionMNISTCNN(Workload):
         self, out: Path, data_dir: str | Path, *, examples: int | None, examples_per_shard: int,
         seq_len: int,
     ) -> dict[str, Any]:  # fmt: skip
-        from dataecho.app.sources.shards import write_image_shards
+        from dataecho.app.sources.shard_writer import write_image_shards
 
         images, labels = load_split(data_dir, "train")
         return write_image_shards(
