@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from experiments.choi.scaling import ScalingPlan
-from experiments.common.trial_loop import Condition, Workload
+from experiments.common.trial_loop import Condition, TrialWorkload
 from experiments.common.workloads import cnn_workload, lm_workload
 
 FACTORS = (1.0, 1.5, 2.0, 4.0, 8.0)
@@ -74,7 +74,7 @@ def make_plan(quick: bool) -> Plan:
                 scaling=ScalingPlan())  # fmt: skip
 
 
-def build_workload(wp: WorkloadPlan) -> Workload:
+def build_workload(wp: WorkloadPlan) -> TrialWorkload:
     """The (cached) workload of ``wp``, its target, evaluation cadence and trial budget."""
     if wp.name == "cnn":
         return cnn_workload(*wp.args, wp.target, wp.eval_every, wp.budget)

@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from dataecho.app import workloads
 from experiments.choi.plan import variant
 from experiments.choi.plots import plot, plot_speedup
 from experiments.choi.wall_time import baselines, time_rows
@@ -67,7 +68,8 @@ def claims(rows: list[dict], fixed: list[dict]) -> list[tuple[str, str]]:
         b = [f["final_metric"] for f in fs if f["echo_factor"] == 1]
         if not b:
             continue
-        better = (lambda x, y: x >= y) if wl == "cnn" else (lambda x, y: x <= y)
+        # The experiment's workloads share the application's names and metrics' direction.
+        better = workloads.get(wl).better
         wins = sum(better(f["final_metric"], b[0]) for f in fs if f["echo_factor"] > 1)
         parts.append(f"{wl}: {wins}/{len(fs) - 1} echoed runs at least as good as the baseline "
                      f"({b[0]:.3f})")  # fmt: skip

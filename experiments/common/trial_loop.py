@@ -1,6 +1,6 @@
 """The experiments' training loop: one in-memory trial, to a target or a fresh-example cap.
 
-:func:`run_trial` trains a :class:`Workload`'s model under one :class:`Condition` (echo
+:func:`run_trial` trains a :class:`TrialWorkload`'s model under one :class:`Condition` (echo
 factor, insertion point, post-echo shuffle, batch size) and returns a tuning
 :class:`~experiments.common.tuning.Trial`: the fresh examples it needed to reach the target
 (None if it did not, or diverged) and what it measured on the way. Every grid of the choi
@@ -40,7 +40,7 @@ from experiments.common.tuning import Trial
 
 
 @dataclass
-class Workload:
+class TrialWorkload:
     """What a trial needs: data, model and optimizer factories, the metric and its target."""
 
     name: str
@@ -71,7 +71,7 @@ class Condition:
 
 
 def run_trial(
-    wl: Workload,
+    wl: TrialWorkload,
     cond: Condition,
     params: dict[str, float],
     seed: int,

@@ -1,6 +1,6 @@
 """The choi experiment's two workloads, in memory: a TinyCNN on Fashion-MNIST, an Austen char LM.
 
-Each builder returns a :class:`~experiments.common.trial_loop.Workload` for
+Each builder returns a :class:`~experiments.common.trial_loop.TrialWorkload` for
 :func:`~experiments.common.trial_loop.run_trial`; it reads its data once per process and is
 cached by its settings, so every cell of a grid (and every worker process) reuses it. The
 models are a few times smaller than the application's (TinyCNN: SmallCNN at half width; the
@@ -20,7 +20,7 @@ from dataecho.app.sources.austen import AustenChars, load_novels
 from dataecho.app.sources.fashion_mnist import FashionMNIST
 from dataecho.app.workloads import char_lm
 from dataecho.app.workloads.image_augment import Augment, normalize
-from experiments.common.trial_loop import Workload
+from experiments.common.trial_loop import TrialWorkload
 from experiments.common.tuning import LogUniform
 
 # SGD with Nesterov momentum: the learning rate and (1 - momentum), both log-uniform.
@@ -58,7 +58,7 @@ def _cnn_loss(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: ANN001
 @functools.cache
 def cnn_workload(
     train_examples: int, eval_examples: int, target: float, eval_every: int, budget: int
-) -> Workload:
+) -> TrialWorkload:
     """TinyCNN on the first ``train_examples`` Fashion-MNIST images, random shift + flip."""
     train = FashionMNIST(split="train", limit=train_examples)
     test = FashionMNIST(split="test", limit=eval_examples)
@@ -74,7 +74,7 @@ def cnn_workload(
         model.train()
         return correct / len(labels)
 
-    return Workload(
+    return TrialWorkload(
         name="cnn", train=train, transform=Augment(pad=2, flip=True), make_model=TinyCNN,
         make_optimizer=_sgd, loss=_cnn_loss, metric=accuracy, target=target,
         higher_is_better=True, eval_every=eval_every, budget=budget,
@@ -82,7 +82,7 @@ def cnn_workload(
 
 
 @functools.cache
-def lm_workload(eval_chunks: int, target: float, eval_every: int, budget: int) -> Workload:
+def lm_workload(eval_chunks: int, target: float, eval_every: int, budget: int) -> TrialWorkload:
     """The 1-layer char Transformer on Austen chunks of 32 characters; no augmentation."""
     novels = load_novels()
     train = AustenChars("train", seq_len=LM_CONFIG["context"], novels=novels)
@@ -97,7 +97,7 @@ def lm_workload(eval_chunks: int, target: float, eval_every: int, budget: int) -
     def loss(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: ANN001
         return char_lm.lm_loss(model, *batch)
 
-    return Workload(
+    return TrialWorkload(
         name="char-lm", train=train, transform=None,
         make_model=lambda: char_lm.CharTransformer(cfg),
         make_optimizer=lambda m, p: char_lm.make_optimizer(m, lr=p["lr"]),
