@@ -155,7 +155,7 @@ def config_from(
             values[workload.target_key] = workload.cli_target
     try:
         return TrainConfig(**values)
-    except (TypeError, ValueError) as err:
+    except DataechoError as err:  # anything else is a bug in the config: its traceback shows
         # A value's own check names its setting: say where the value came from.
         origin = given.get(getattr(err, "setting", ""), (None, None))[1]
         raise ConfigError(f"{origin}: {err}" if origin else str(err)) from None
