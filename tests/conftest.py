@@ -260,3 +260,14 @@ def wait_for_log(proc: subprocess.Popen, read_log: Callable[[], str], needle: st
         assert proc.poll() is None, read_log()
         assert time.monotonic() < deadline, f"no {needle!r} yet: {read_log()}"
         time.sleep(0.05)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a test marked ``slow`` first, each file's tests in their own order.
+
+    ``make test`` hands whole files to its two processes in this order (``--dist loadfile
+    --no-loadscope-reorder``): the long files start early and overlap the many short ones,
+    instead of one of them running alone at the end.
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # a stable sort

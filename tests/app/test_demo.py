@@ -73,6 +73,7 @@ def check_table_and_files(out: str, folder: Path) -> None:
 
 @needs_data
 @needs_nginx
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_quick_demo_streams_from_nginx_and_writes_the_report(tmp_path, capsys):
     out, folder = run_quick(tmp_path, capsys)
@@ -86,6 +87,7 @@ def test_quick_demo_streams_from_nginx_and_writes_the_report(tmp_path, capsys):
 
 
 @needs_data
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_emulated_demo_says_so_everywhere(tmp_path, capsys):
     out, folder = run_quick(tmp_path, capsys, "--emulate")
@@ -142,6 +144,7 @@ def alive(pid: int) -> bool:
 
 @needs_data
 @needs_nginx
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_during_a_run_leaves_no_nginx_or_worker(tmp_path):
     """As a user would: a separate process, SIGINT once the first run is training."""

@@ -110,6 +110,7 @@ def torchrun_nodes(tmp_path: Path, nproc_per_node: int, command: list[str],
 # --- the loader: 2 nodes x 2 ranks -----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_four_ranks_on_two_nodes_read_disjoint_shares_that_cover_the_data(tmp_path):
     from torchrun_shares import ECHO_FACTOR, EXAMPLES
@@ -144,6 +145,7 @@ def data(tmp_path_factory):
 
 
 @needs_nginx
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_dataecho_train_on_two_nodes_reads_every_shard_once(data, tmp_path):
     small, shards = data

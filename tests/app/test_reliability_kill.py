@@ -70,6 +70,7 @@ def finish(proc: subprocess.Popen) -> str:
     return output(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_kill_9_then_resume_continues_the_uninterrupted_run_exactly(tmp_path):
     if not (DEFAULT_DATA_DIR / FILES["test"][0]).is_file():

@@ -37,9 +37,11 @@ TINY = peers.Settings(
     quality_budget=512, quality_seeds=(0,), memory_batches=4, memory_factor=2,
     memory_kinds=("dataloader",), shuffle_sizes=(0, 4096), train_limit=12_000, test_limit=1000,
     snapshot_batches=6, snapshot_warmup=2, snapshot_rounds=1,
-    target_ratios=(4,), target_factors=(2,), target_accuracy=0.3, target_eval_every=256,
-    target_eval_examples=200, target_max_seconds=4.0, target_rounds=1,
+    target_ratios=(4,), target_factors=(2,), target_accuracy=0.3, target_eval_every=128,
+    target_eval_examples=200, target_max_seconds=2.0, target_rounds=1,
 )  # fmt: skip
+# The target section runs each case for target_max_seconds of wall time: short, with an
+# evaluation after every fresh batch, so the counts checked still include evaluations.
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,7 @@ def assert_finite(rows: list[list[str]], numeric: range) -> None:
             assert math.isfinite(number(row[i])), f"{row[0]}: column {i} = {row[i]!r}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_every_section_has_one_finite_row_per_case(result):
     ratio = TINY.ratios[0]
@@ -115,6 +118,7 @@ def test_every_section_has_one_finite_row_per_case(result):
     assert intervals["dataecho e=4 (before_augment, shuffle 1024, no snapshots)"] == "-"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_target_section_counts_and_tables(result):
     s = TINY
@@ -139,6 +143,7 @@ def test_target_section_counts_and_tables(result):
     assert len(peers_vs) == 1 and peers_vs[0][6] in ("yes", "no")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_quality_runs_use_exactly_the_fresh_budget(result):
     # Counts, not timing: every loader passes each budgeted example through once, and the
@@ -150,6 +155,7 @@ def test_quality_runs_use_exactly_the_fresh_budget(result):
         assert row["steps"] == e * batches, row["case"].name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_shuffle_buffer_grows_the_worker_by_at_least_its_payload(result):
     runs = {(r["case"].shuffle_buffer, r["case"].snapshots): r for r in result["memory"]
@@ -159,6 +165,7 @@ def test_shuffle_buffer_grows_the_worker_by_at_least_its_payload(result):
         assert growth_bytes >= 4096 * 28 * 28  # the buffered images alone
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_report_and_plot_are_written(result, tmp_path):
     path = peer_markdown.write(result, "python -m benchmarks peers --tiny", tmp_path)
@@ -197,6 +204,7 @@ def test_case_names_and_quick_settings():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_report_has_only_the_sections_that_ran(result, tmp_path):
     partial = {k: v for k, v in result.items() if k not in peers.Settings.sections[:-2]}

@@ -45,6 +45,7 @@ def cell(table, method, b, k, key):
     return float(row[key]) if row[key] else None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quick_writes_readme_csv_and_plots(quick) -> None:
     out, readme = quick
@@ -74,6 +75,7 @@ def test_quick_writes_readme_csv_and_plots(quick) -> None:
             assert 0.01 * (1 - mu) - 1e-9 <= float(r["lr_med"]) <= 10
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", ["covertype", "fashion_mnist"])
 def test_quick_shows_the_two_regimes(quick, name) -> None:
@@ -90,6 +92,7 @@ def test_quick_shows_the_two_regimes(quick, name) -> None:
             assert float(r["bound"]) >= float(r["measured"]) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quick_wall_time_is_between_one_and_the_fresh_cut(quick) -> None:
     out, _ = quick

@@ -160,6 +160,7 @@ class CopyingAhead(EchoingDataLoader):
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("loader_class", "num_workers", "factor"),
