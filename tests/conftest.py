@@ -12,8 +12,10 @@ import itertools
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -271,3 +273,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # a stable sort
+
+
+# Burns CPU until its own CPU time reaches the first argument (seconds), however busy the cores
+# are; the second names it for pkill.
+BURN = "import sys, time\nwhile time.process_time() < float(sys.argv[1]): pass\n"
+
+
+def orphan_burners(count: int, cpu_seconds: float, done: Path) -> None:
+    """``count`` burners that are no child of this process (their shell exits at once): their
+    CPU time is another program's; each touches ``done``.N when it has burnt its share."""
+    for i in range(count):
+        script = f"{sys.executable} -c '{BURN}' {cpu_seconds} {done}.{i} && touch {done}.{i}"
+        subprocess.run(["sh", "-c", f"({script}) >/dev/null 2>&1 &"], check=True)
+
+
+def wait_for(paths: list[Path], timeout: float = 60.0) -> None:
+    """Wait until every path exists."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"burners not done: {paths}"
+        time.sleep(0.05)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import needs_nginx
+from conftest import needs_nginx, orphan_burners
 from PIL import Image
 
 from dataecho.app.cli import main
@@ -89,13 +89,24 @@ def test_quick_demo_streams_from_nginx_and_writes_the_report(tmp_path, capsys):
 @needs_data
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_emulated_demo_says_so_everywhere(tmp_path, capsys):
-    out, folder = run_quick(tmp_path, capsys, "--emulate")
+def test_emulated_demo_on_a_busy_machine_says_both_everywhere(tmp_path, capsys):
+    # Two burners, one per core, for longer than the quick demo: the cores are shared.
+    orphan_burners(2, 60.0, tmp_path / "burner")
+    try:
+        out, folder = run_quick(tmp_path, capsys, "--emulate")
+    finally:
+        subprocess.run(["pkill", "-f", str(tmp_path / "burner")], check=False)
     assert "EMULATED storage" in out and "nginx at" not in out
     check_table_and_files(out, folder)
     md = (folder / "report.md").read_text()
     assert md.startswith("# dataecho run report **(EMULATION")
     assert "EMULATED storage (local files, no network)" in md
+    # The busy machine is named in the terminal and at the head of report.md, with the fix.
+    assert "THE MACHINE WAS NOT QUIET" in out
+    assert "other programs kept" in out and "rerun on an idle machine" in out
+    head = md[: md.index("## Results")]
+    assert "## The machine was not quiet" in head
+    assert "other programs kept" in head and "rerun on an idle machine" in head
 
 
 @pytest.mark.parametrize(

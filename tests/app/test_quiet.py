@@ -1,18 +1,16 @@
 """A busy machine is named: CPU time of other programs, a lived R off its aim, an unsettled
-calibration, in the terminal and in report.md."""
+calibration (the demo's terminal and report.md: tests/app/test_demo.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from conftest import needs_nginx
+from conftest import BURN, needs_nginx, orphan_burners, wait_for
 
 from dataecho.app.calibration import calibrate
-from dataecho.app.cli import main
 from dataecho.app.quiet import (
     OTHERS_CORES_LIMIT,
     RATIO_TOLERANCE,
@@ -28,24 +26,6 @@ needs_data = pytest.mark.skipif(
     not (DEFAULT_DATA_DIR / FILES["train"][0]).is_file(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",
 )
-# Burns CPU until its own CPU time reaches the first argument (seconds), however busy the cores
-# are; the second names it for pkill.
-BURN = "import sys, time\nwhile time.process_time() < float(sys.argv[1]): pass\n"
-
-
-def orphan_burners(count: int, cpu_seconds: float, done: Path) -> None:
-    """``count`` burners that are no child of this process (their shell exits at once): their
-    CPU time is another program's; each touches ``done``.N when it has burnt its share."""
-    for i in range(count):
-        script = f"{sys.executable} -c '{BURN}' {cpu_seconds} {done}.{i} && touch {done}.{i}"
-        subprocess.run(["sh", "-c", f"({script}) >/dev/null 2>&1 &"], check=True)
-
-
-def wait_for(paths: list[Path], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"burners not done: {paths}"
-        time.sleep(0.05)
 
 
 @pytest.mark.skipif(machine_busy_seconds() is None, reason="no /proc/stat")
@@ -98,25 +78,3 @@ def test_a_calibration_that_cannot_reach_its_aim_retries_then_says_it_did_not_se
     assert not cal.settled
     assert any("calibration did not settle: 4 probes" in n for n in cal.notes)
     assert any("did not settle" in line for line in said)
-
-
-@needs_data
-@needs_nginx
-@pytest.mark.timeout(150)
-def test_the_demo_on_a_busy_machine_says_so_in_the_terminal_and_the_report(tmp_path, capsys):
-    # Two burners, one per core, for longer than the quick demo: the cores are shared.
-    orphan_burners(2, 60.0, tmp_path / "done")
-    try:
-        argv = ["demo", "--quick", "--work-dir", str(tmp_path / "work"),
-                "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
-        assert main(argv) == 0
-    finally:
-        subprocess.run(["pkill", "-f", str(tmp_path / "done")], check=False)
-    out = capsys.readouterr().out
-    assert "THE MACHINE WAS NOT QUIET" in out
-    assert "other programs kept" in out and "rerun on an idle machine" in out
-    (folder,) = (tmp_path / "runs").iterdir()
-    md = (folder / "report.md").read_text()
-    head = md[: md.index("## Results")]
-    assert "## The machine was not quiet" in head
-    assert "other programs kept" in head and "rerun on an idle machine" in head
