@@ -17,6 +17,9 @@ there: after ``kill -9`` of a training run such workers were seen alive, parente
   thread, which thread it is and the parent's pid, so the worker can tell.
 
 A worker ignores SIGINT: Ctrl-C is for the training process, which stops its workers itself.
+And the training process takes a Ctrl-C only once its workers are forked
+(:func:`sigint_after_forks`): a ``KeyboardInterrupt`` raised inside an at-fork hook is dropped,
+and one raised inside ``logging``'s leaves its lock held, so the next log call hangs.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -75,3 +79,24 @@ class DieWithParent:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self.user_fn is not None:
             self.user_fn(worker_id)
+
+
+@contextmanager
+def sigint_after_forks() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives inside the block until it ends, then deliver it as usual.
+
+    Wrap the calls that fork workers. Only the main thread receives signals, so only there is
+    anything held; a handler not installed from Python (``getsignal`` is ``None``) is left alone.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)

@@ -230,3 +230,35 @@ def test_the_users_worker_init_fn_still_runs(tmp_path):
     assert len(list(loader)) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0", "worker-1"]
     assert isinstance(loader._inner.worker_init_fn, DieWithParent)
+
+
+# Ctrl-C pressed while the loader forks its workers: the SIGINT is sent from inside the fork
+# itself (an at-fork hook, the worst moment), at every epoch's start.
+CTRL_C_IN_FORK = """
+import logging, os, signal, sys, torch
+from dataecho import EchoingDataLoader
+persistent = sys.argv[1] == "persistent"
+data = [(torch.zeros(2), i) for i in range(16)]
+loader = EchoingDataLoader(data, batch_size=4, echo_factor=2, where="after_augment",
+                           num_workers=2, persistent_workers=persistent)
+os.register_at_fork(before=lambda: os.kill(os.getpid(), signal.SIGINT))
+try:
+    for epoch in range(3):
+        for batch in loader:
+            pass
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted in epoch", epoch)
+logging.getLogger("after").error("logging still works")
+"""
+
+
+@pytest.mark.parametrize("kind", ["workers", "persistent"])
+def test_ctrl_c_while_workers_fork_interrupts_the_loop_and_leaves_logging_usable(kind):
+    run = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_FORK, kind], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "interrupted in epoch 0", run.stderr
+    assert "logging still works" in run.stderr
+    assert "Exception ignored" not in run.stderr, run.stderr
