@@ -268,6 +268,9 @@ def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCou
     """This process's batches, epoch after epoch, without end (each rank's epochs end on
     their own, so unequal shares cannot leave a rank waiting in a collective)."""
     while True:
+        # From the loader, not counted here: a signal in the wait for an epoch's first batch
+        # checkpoints the loader as it was before the wait (at the last epoch's end).
+        run.epoch = loader.next_epoch
         data.set_epoch(run.epoch)
         # A loaded position continues its epoch, whose rest may be empty (a checkpoint taken
         # at its last batch, where only the end tells).
@@ -283,7 +286,6 @@ def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCou
                 f"{who} gave no batch of {cfg.batch_size}: the training set has "
                 f"{dataset_size(data)} examples{shared}; use a smaller batch_size or more data"
             )
-        run.epoch += 1
 
 
 def profile_run(cfg: TrainConfig, seconds: float = 10.0) -> ProfileReport:

@@ -17,8 +17,8 @@ there: after ``kill -9`` of a training run such workers were seen alive, parente
   thread, which thread it is and the parent's pid, so the worker can tell.
 
 A worker ignores SIGINT: Ctrl-C is for the training process, which stops its workers itself.
-And the training process takes a Ctrl-C only once its workers are forked
-(:func:`sigint_after_forks`): a ``KeyboardInterrupt`` raised inside an at-fork hook is dropped,
+And the training process takes a Ctrl-C or SIGTERM only once its workers are forked
+(:func:`signals_after_forks`): an exception a handler raises inside an at-fork hook is dropped,
 and one raised inside ``logging``'s leaves its lock held, so the next log call hangs.
 """
 
@@ -81,22 +81,31 @@ class DieWithParent:
             self.user_fn(worker_id)
 
 
+# What a user or a scheduler sends to stop a run; a handler of theirs may raise.
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
-def sigint_after_forks() -> Iterator[None]:
-    """Hold a Ctrl-C that arrives inside the block until it ends, then deliver it as usual.
+def signals_after_forks() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM arriving inside the block until it ends, then deliver them to
+    the handlers they would have met.
 
     Wrap the calls that fork workers. Only the main thread receives signals, so only there is
-    anything held; a handler not installed from Python (``getsignal`` is ``None``) is left alone.
+    anything held; a handler not installed from Python (``getsignal`` is ``None``), the default
+    and "ignore" are left alone.
     """
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    previous = {}
+    for signum in HELD_SIGNALS:
+        if callable(signal.getsignal(signum)):
+            previous[signum] = signal.signal(signum, lambda got, frame: held.append(got))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            signal.raise_signal(signal.SIGINT)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for got in dict.fromkeys(held):
+            signal.raise_signal(got)

@@ -20,7 +20,7 @@ from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho.loader.epoch_fields import EpochFields
-from dataecho.loader.lifetime import sigint_after_forks
+from dataecho.loader.lifetime import signals_after_forks
 from dataecho.loader.pipeline import PipelineDataset
 from dataecho.loader.transport import from_wire
 from dataecho.stages import EchoStats
@@ -56,7 +56,7 @@ class PersistentWorkers:
                 self.stop()
                 self._loader.load_state_dict(initial_state or {})  # {}: no iterator, no state
             try:
-                with sigint_after_forks():
+                with signals_after_forks():
                     it = iter(self._loader)
             except BaseException:  # a worker failed to start or to resume: none are reused
                 self.stop()
@@ -115,7 +115,7 @@ class WorkersNode(BaseNode[Any]):
             return
         if initial_state is not None:
             self._loader.load_state_dict(initial_state)
-        with sigint_after_forks():
+        with signals_after_forks():
             self._it = iter(self._loader)
         # Collected as garbage (inside a cycle of the user's objects), the iterator's queues
         # would stop their feeder threads before any __del__ ran, and the workers would wait

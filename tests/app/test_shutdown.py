@@ -363,3 +363,43 @@ def test_sigterm_to_a_data_parallel_launcher_stops_every_rank_and_exits_143(smal
     while group_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert group_pids(proc.pid) == [], f"left behind: {group_pids(proc.pid)}"
+
+
+# SIGTERM sent from inside the fork of the loader worker of the run's second epoch: the signal
+# lands while the loop waits for that epoch's first batch, after the first epoch's last one.
+TERM_AT_SECOND_EPOCH = """
+import os, signal, sys
+from dataecho.app import main
+forks = []
+def count():
+    forks.append(1)
+    if len(forks) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+os.register_at_fork(before=count)
+sys.argv[0] = "dataecho"
+sys.exit(main())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_between_epochs_checkpoints_a_position_that_resumes_exactly(small, tmp_path):
+    shards, ckpt = tmp_path / "shards", tmp_path / "term"
+    write_image_shards(*synthetic(300, seed=3), shards, examples_per_shard=50)
+    args = ["train", "--upstream", str(shards), *RUN, "--data-dir", str(small), "--budget",
+            "1000000", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "100000",
+            "--checkpoint-on-exit"]  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", TERM_AT_SECOND_EPOCH, *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 143, out
+    found = re.search(r"SIGTERM while waiting for a batch: final checkpoint (\S+);", out)
+    assert found, out
+    stopped_at = load_checkpoint(found[1])["run"]["steps"]
+
+    steps = stopped_at + 12
+    want = train(config(shards, small, max_steps=steps), log=lambda line: None)
+    got = train(config(shards, small, max_steps=steps, checkpoint_dir=ckpt, resume=True),
+                log=lambda line: None)  # fmt: skip
+    assert got.losses == want.losses  # every step's loss, bit for bit
+    assert (got.fresh_examples, got.echoed_examples) == (want.fresh_examples,
+                                                         want.echoed_examples)  # fmt: skip

@@ -84,7 +84,6 @@ def save(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list, los
         path = save_checkpoint(cfg.checkpoint_dir, state, step=run.steps,
                                keep=cfg.keep_checkpoints)  # fmt: skip
     else:
-        mine["epoch"] = run.epoch
         if parts.sync.keeps_local_optimizer:  # local-echo: momentum differs between ranks
             mine["optimizer"] = parts.optimizer.state_dict()
         every, path = rank.gather(mine), None
@@ -198,7 +197,7 @@ def _resume_rank(ckpt: dict[str, Any], parts: RunParts, run: RunCounters, rank: 
     parts.optimizer.load_state_dict(mine.get("optimizer", ckpt["optimizer"]) if same
                                     else ckpt["optimizer"])  # fmt: skip
     parts.sync.load_state_dict(ckpt["averaging"])
-    run.epoch = int(mine["epoch"])
+    run.epoch = int(mine["loader"]["next_epoch"])
     if same:
         loader.load_state_dict(mine["loader"])
         resume_skipped(loader, mine.get("skipped_records", 0))
