@@ -112,15 +112,16 @@ def run_test_save_load_state(
 
     1. Build a node with ``factory`` and record ``epochs`` uninterrupted epochs (epoch 0 is the
        first ``iter(node)``; each later one begins with ``new_epoch(node)``).
-    2. For every epoch and every position ``k`` in ``positions`` (default: each of 0..len, plus
-       "after StopIteration" when epochs are drained), build a fresh node, replay the earlier
-       epochs and ``k`` items (they must equal the recording: determinism), take
-       ``node.state_dict()``, and keep iterating the original to the end (taking a state must
-       not disturb the stream).
-    3. Build another fresh node, ``restore(node, state)`` and assert that the rest of that
-       epoch *and every later epoch* equal the recording exactly. This runs twice: from the
-       in-memory state (held while the original went on, so it must not alias live objects)
-       and, with ``roundtrip``, from a ``torch.save`` / ``torch.load(weights_only=True)`` copy.
+    2. Build a second node and run the same epochs, taking ``node.state_dict()`` at every
+       position ``k`` in ``positions`` of every epoch (default: each of 0..len, plus "after
+       StopIteration" when epochs are drained), as a training loop checkpointing every step
+       does: the stream must still equal the recording (taking states does not disturb it,
+       and a fresh node gives the same stream: determinism).
+    3. For each state, build another fresh node, ``restore(node, state)`` and assert that the
+       rest of that epoch *and every later epoch* equal the recording exactly. This runs
+       twice: from the in-memory state (held while the stream went on to its end, so it must
+       not alias live objects) and, with ``roundtrip``, from a ``torch.save`` /
+       ``torch.load(weights_only=True)`` copy taken at once.
 
     Args:
         factory: builds a *fresh* node each call, source included, with fixed seeds.
@@ -165,33 +166,39 @@ def run_test_save_load_state(
             if summary:
                 assert summary(node) == summaries[e2], f"{what}: summary after epoch {e2}"
 
-    for e in range(epochs):
-        n = len(recorded[e])
-        ks = list(range(n + 1)) if positions is None else [k for k in positions if k <= n]
-        if max_items is None and positions is None:
-            ks.append(-1)  # -1: after the epoch's StopIteration
-        for k in ks:
-            what = f"resumed at epoch {e}, item {'end' if k < 0 else k}"
-            node = factory()
-            for e0 in range(e):
-                if e0:
-                    new_epoch(node)
-                _take(iter(node), max_items)
-            if e:
-                new_epoch(node)
-            it = iter(node)
-            head = list(it) if k < 0 else _take(it, k)
-            assert_same_stream(head, recorded[e][: len(head)], f"{what} (replay)")
-            k = len(head)
+    # (epoch, position, in-memory state, torch.load copy) at every resume point checked.
+    states: list[tuple[int, int, Any, Any]] = []
+    node = factory()
+    for e in range(n_rec):
+        if e:
+            new_epoch(node)
+        it, n = iter(node), len(recorded[e])
+        ks = set(range(n + 1)) if positions is None else {k for k in positions if k <= n}
+        got: list[Any] = []
+        while True:
+            if e < epochs and len(got) in ks:
+                state = node.state_dict()
+                states.append((e, len(got), state, torch_roundtrip(state) if roundtrip else None))
+            if max_items is not None and len(got) == max_items:
+                break
+            try:
+                got.append(next(it))
+            except StopIteration:
+                break
+        if e < epochs and max_items is None and positions is None:  # after StopIteration
             state = node.state_dict()
-            saved = torch_roundtrip(state) if roundtrip else None
-            check_rest(node, e, k, f"{what} (original after state_dict)", it)
-            for label, st in (("in-memory state", state), ("torch.load state", saved)):
-                if st is None:
-                    continue
-                resumed = factory()
-                restore(resumed, st)
-                check_rest(resumed, e, k, f"{what} from {label}")
+            states.append((e, -1, state, torch_roundtrip(state) if roundtrip else None))
+        assert_same_stream(got, recorded[e], f"epoch {e}, taking a state at every position")
+        if summary:
+            assert summary(node) == summaries[e], f"summary after epoch {e}, taking states"
+    for e, k, state, saved in states:
+        what = f"resumed at epoch {e}, item {'end' if k < 0 else k}"
+        for label, st in (("in-memory state", state), ("torch.load state", saved)):
+            if st is None:
+                continue
+            resumed = factory()
+            restore(resumed, st)
+            check_rest(resumed, e, len(recorded[e]) if k < 0 else k, f"{what} from {label}")
     return recorded
 
 
