@@ -132,35 +132,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, port: int, use_sampler: bool, queue) -> None:
+def _rank_main(rank: int, port: int, queue) -> None:
     # What Lightning and accelerate do: a process group, but no RANK in the environment.
     os.environ.pop("RANK", None)
     os.environ["WORLD_SIZE"] = "2"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        ds = Numbers(24)
-        sampler = DistributedSampler(ds, shuffle=False) if use_sampler else None
-        loader = EchoingDataLoader(ds, batch_size=3, sampler=sampler, num_workers=1, seed=0)
-        queue.put((rank, len(loader), labels_of(loader)))
+        for use_sampler in (False, True):  # the loader's own split, then a DistributedSampler
+            ds = Numbers(24)
+            sampler = DistributedSampler(ds, shuffle=False) if use_sampler else None
+            loader = EchoingDataLoader(ds, batch_size=3, sampler=sampler, num_workers=1, seed=0)
+            queue.put((use_sampler, rank, len(loader), labels_of(loader)))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("use_sampler", [False, True])
-def test_ranks_come_from_the_process_group_without_a_rank_variable(use_sampler):
+def test_ranks_come_from_the_process_group_without_a_rank_variable():
     ctx = multiprocessing.get_context("spawn")
     queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, use_sampler, queue)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank_main, args=(r, port, queue)) for r in (0, 1)]
     for p in procs:
         p.start()
-    results = sorted(queue.get(timeout=90) for _ in procs)
+    results = sorted(queue.get(timeout=90) for _ in range(2 * len(procs)))
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    (_, len0, first), (_, len1, second) = results
-    assert len(first) == len(second) == 12 and len0 == len1 == 4
-    assert sorted(first + second) == list(range(24))  # halves, never the same half twice
+    for use_sampler in (False, True):
+        (_, _, len0, first), (_, _, len1, second) = [r for r in results if r[0] == use_sampler]
+        assert len(first) == len(second) == 12 and len0 == len1 == 4, use_sampler
+        assert sorted(first + second) == list(range(24)), use_sampler  # halves, never one twice
 
 
 def test_bad_dataloader_arguments_are_refused_with_the_reason():
