@@ -88,6 +88,7 @@ from dataecho.app.training.recipe import (
     torch_threads,
 )
 from dataecho.app.training.record import (
+    EvalMark,
     RunCounters,
     TrainResult,
     cpu_since,
@@ -161,8 +162,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         start = time.perf_counter() - run.seconds  # after a resume: the checkpoint's wall time
         children_before = ended_children_cpu_seconds()
         if rank is not None:  # a rank's first row measures from here, resumed or not
-            s = loader.stats
-            run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, run.seconds]
+            run.mark = EvalMark.now(loader.stats, run.seconds)
         final_save = functools.partial(save_on_exit, cfg, parts, run, history, losses, start)
         on_exit = ExitCheckpoint(loader, final_save if cfg.checkpoint_on_exit and rank is None
                                  else None, log=say, label=cfg.name)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm import tqdm
 
@@ -13,6 +14,7 @@ from dataecho.app.config import TrainConfig
 from dataecho.app.training.recipe import metric_key
 from dataecho.app.upstream import Data
 from dataecho.loader import EchoingDataLoader
+from dataecho.stages import EchoStats
 
 
 @dataclass
@@ -66,6 +68,30 @@ class TrainResult:
 
 
 @dataclass
+class EvalMark:
+    """The loader's counts and the wall time at the last evaluation: the next history row
+    reports its realized factor and stall over the interval since."""
+
+    fresh: int = 0
+    examples_out: int = 0
+    wait_seconds: float = 0.0  # this process's loader
+    wall_seconds: float = 0.0
+
+    @classmethod
+    def now(cls, stats: EchoStats, wall_seconds: float) -> EvalMark:
+        return cls(stats.fresh_examples, stats.examples_out, stats.wait_seconds, wall_seconds)
+
+
+@dataclass
+class TargetHit:
+    """Where the run stood at the first evaluation that reached its target."""
+
+    fresh: int
+    steps: int
+    seconds: float  # when the run learned the result
+
+
+@dataclass
 class RunCounters:
     """The loop's counters, single-process and data-parallel alike: all of them go into a
     checkpoint, so a resume continues them. ``fresh`` and ``global_steps`` are the run's, all
@@ -84,11 +110,17 @@ class RunCounters:
     checkpoint_seconds: float = 0.0
     loss_sum: float = 0.0  # training loss since the last evaluation
     loss_count: int = 0
-    mark: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0.0])  # at the last eval:
-    # fresh, examples out, wait seconds (this process's loader), wall seconds
+    mark: EvalMark = field(default_factory=EvalMark)
     stop_vote: bool = False  # data parallel: the target was reached, voted at the next exchange
-    to_target: list[float] | None = None  # fresh, steps, seconds at the first target hit
+    to_target: TargetHit | None = None
     done: bool = False
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> RunCounters:
+        """The counters ``dataclasses.asdict`` wrote into a checkpoint."""
+        hit = saved["to_target"]
+        return cls(**{**saved, "mark": EvalMark(**saved["mark"]),
+                      "to_target": None if hit is None else TargetHit(**hit)})  # fmt: skip
 
 
 def line_logger(cfg: TrainConfig, log: Callable[[str], None]) -> Callable[[str], None]:
@@ -114,15 +146,16 @@ def history_row(
     """One evaluation's row (:class:`TrainResult`'s ``history``); ``extra``: more keys (a
     data-parallel run's communication counters)."""
     s = loader.stats
-    fresh0, out0, wait0, seconds0 = run.mark
+    mark = run.mark
     row = {
         "fresh": run.fresh,
         "steps": run.steps,
         "seconds": seconds,
         metric_key(cfg): metric,
         "train_loss": run.loss_sum / max(run.loss_count, 1),
-        "realized_factor": (s.examples_out - out0) / max(s.fresh_examples - fresh0, 1),
-        "stall": (s.wait_seconds - wait0) / max(seconds - seconds0, 1e-9),
+        "realized_factor": (s.examples_out - mark.examples_out)
+        / max(s.fresh_examples - mark.fresh, 1),
+        "stall": (s.wait_seconds - mark.wait_seconds) / max(seconds - mark.wall_seconds, 1e-9),
         # Cumulative: R = time per step over compute per step, evaluations excluded, between
         # any two rows (what the demo's calibration measures on the real loop).
         "step_seconds": run.step_seconds,
@@ -131,7 +164,7 @@ def history_row(
         "skipped_records": skipped_records(loader),  # this process's (rank 0's)
         **(extra or {}),
     }
-    run.mark = [s.fresh_examples, s.examples_out, s.wait_seconds, seconds]
+    run.mark = EvalMark.now(s, seconds)
     run.loss_sum, run.loss_count = 0.0, 0
     return row
 
@@ -155,7 +188,7 @@ def train_result(
 ) -> TrainResult:  # fmt: skip
     s = loader.stats
     reached = None if cfg.target is None else run.to_target is not None
-    fresh_t, steps_t, seconds_t = run.to_target or (None, None, None)
+    hit = run.to_target
     return TrainResult(
         config=cfg,
         test_accuracy=final[0],
@@ -170,9 +203,9 @@ def train_result(
         checkpoint_seconds=run.checkpoint_seconds,
         realized_factor=s.realized_factor,
         reached_target=reached,
-        fresh_to_target=None if fresh_t is None else int(fresh_t),
-        steps_to_target=None if steps_t is None else int(steps_t),
-        seconds_to_target=seconds_t,
+        fresh_to_target=None if hit is None else hit.fresh,
+        steps_to_target=None if hit is None else hit.steps,
+        seconds_to_target=None if hit is None else hit.seconds,
         history=history,
         losses=losses,
         skipped_records=skipped_records(loader),

@@ -149,7 +149,7 @@ def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: An
             f"({data.identity}); point the upstream at the data it was trained on"
         )
     parts.model.load_state_dict(ckpt["model"])
-    run = RunCounters(**ckpt["run"])
+    run = RunCounters.from_dict(ckpt["run"])
     if rank is None:
         _resume_process(ckpt, parts, run)
         log(f"[{cfg.name}] resumed from {path}: step {run.steps:,}, {run.fresh:,} fresh "
@@ -160,8 +160,6 @@ def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: An
             f"{rank.world_size} now): {run.fresh:,} fresh examples, {run.global_steps:,} steps")  # fmt: skip
     torch.set_rng_state(ckpt["rng"]["torch"])
     random.setstate(ckpt["rng"]["python"])
-    if "next_checkpoint" not in ckpt["run"]:  # a single process's checkpoint before it was kept
-        run.next_checkpoint = (run.steps // cfg.checkpoint_every + 1) * cfg.checkpoint_every
     reached = run.to_target is not None and cfg.stop_at_target and cfg.target is not None
     run.stop_vote = False
     run.done = reached or at_limit(cfg, run, 1 if rank is None else rank.world_size)

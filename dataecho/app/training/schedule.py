@@ -22,7 +22,7 @@ from dataecho.app.config import TrainConfig
 from dataecho.app.distributed.control import Control
 from dataecho.app.evaluation import BackgroundEvaluator
 from dataecho.app.training.recipe import better, evaluate_split, metric_key, on_cpu
-from dataecho.app.training.record import RunCounters, history_row, log_line
+from dataecho.app.training.record import RunCounters, TargetHit, history_row, log_line
 from dataecho.app.upstream import Data
 from dataecho.loader import EchoingDataLoader
 
@@ -107,7 +107,7 @@ def record_evaluation(
     say(log_line(cfg, row))
     reached = cfg.target is not None and not screened and better(cfg, metric, cfg.target)
     if reached and run.to_target is None:
-        run.to_target = [row["fresh"], row["steps"], known]
+        run.to_target = TargetHit(int(row["fresh"]), int(row["steps"]), known)
         run.stop_vote = vote
     run.done = run.done or (reached and cfg.stop_at_target and not vote)
 
