@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,11 @@ MAX_SEQ_LEN = 2**14
 MAX_AUGMENT_PAD = 28
 
 
+def _each_workload(phrase: Callable[[workloads.Workload], str]) -> str:
+    """``phrase`` of every workload, for a help text: "A (cnn), B (char-lm)"."""
+    return ", ".join(f"{phrase(w)} ({name})" for name, w in workloads.REGISTRY.items())
+
+
 def _opt(default: Any, check: Check, group: str, help: str) -> Any:
     return field(default=default, metadata={"check": check, "group": group, "help": help})
 
@@ -77,12 +83,12 @@ class TrainConfig:
 
     workload: str = _opt(
         "cnn", Choice(tuple(workloads.REGISTRY)), "workload",
-        "a small CNN on Fashion-MNIST, or a character-level Transformer on Jane Austen's novels",
+        _each_workload(lambda w: w.summary),
     )  # fmt: skip
     data_dir: Path | None = _opt(
         None, PathValue(), "data",
-        "Fashion-MNIST IDX folder (cnn) or janeaustenr package folder (char-lm); evaluation "
-        "always reads from here (default: where the Debian package puts it)",
+        f"{_each_workload(lambda w: w.data_folder)}; evaluation always reads from here "
+        "(default: where the Debian package puts it)",
     )  # fmt: skip
     upstream: str | None = _opt(
         None, UpstreamSpec(), "data",
@@ -139,7 +145,7 @@ class TrainConfig:
     )
     lr: float | None = _opt(
         None, Real(0, low_open=True, none="default"), "training",
-        "learning rate of the workload's optimizer, SGD for cnn and AdamW for char-lm",
+        f"learning rate of the workload's optimizer: {_each_workload(lambda w: w.optimizer)}",
     )  # fmt: skip
     momentum: float = _opt(
         0.9, Real(0, 1, high_open=True), "training", "cnn: Nesterov momentum of SGD"
@@ -171,7 +177,8 @@ class TrainConfig:
     )  # fmt: skip
     eval_examples: int | None = _opt(
         None, Int(1, none="default"), "evaluation",
-        "test (cnn) or validation (char-lm) examples per evaluation; the final one uses all",
+        f"examples per evaluation, from the {_each_workload(lambda w: w.eval_split)} split; "
+        "the final one uses all",
     )  # fmt: skip
     screen_examples: int = _opt(
         0, Int(0), "evaluation",

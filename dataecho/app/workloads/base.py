@@ -75,6 +75,11 @@ class Workload(ABC):
     cli_target: ClassVar[float]  # the target dataecho train uses unless told otherwise
     metric: ClassVar[str]  # the history rows' key of its evaluation metric
     higher_is_better: ClassVar[bool]  # of the metric
+    # Words for the command's help, one phrase each.
+    summary: ClassVar[str]  # the model and its data: "a small CNN on Fashion-MNIST"
+    data_folder: ClassVar[str]  # what --data-dir holds: "Fashion-MNIST IDX folder"
+    eval_split: ClassVar[str]  # the split evaluations read: "test"
+    optimizer: ClassVar[str]  # "SGD"
 
     def better(self, metric: float, target: float) -> bool:
         """Whether ``metric`` reaches ``target``."""

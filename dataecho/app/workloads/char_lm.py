@@ -248,6 +248,10 @@ class AustenCharLM(Workload):
     target_key = "target_loss"
     cli_target = 1.8  # reached well within the default budget
     metric = "val_loss"
+    summary = "a character-level Transformer on Jane Austen's novels"
+    data_folder = "janeaustenr package folder"
+    eval_split = "validation"
+    optimizer = "AdamW"
     higher_is_better = False
 
     def default_data_dir(self) -> Path:

@@ -138,6 +138,10 @@ class FashionMNISTCNN(Workload):
     target_key = "target_accuracy"
     cli_target = 0.85  # reached within the default budget
     metric = "accuracy"
+    summary = "a small CNN on Fashion-MNIST"
+    data_folder = "Fashion-MNIST IDX folder"
+    eval_split = "test"
+    optimizer = "SGD"
     higher_is_better = True
 
     def combine(self, total: float, examples: int) -> float:
