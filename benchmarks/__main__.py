@@ -37,6 +37,7 @@ BENCHMARKS = {
         "bounded memory: RSS of a 30-minute stream through nginx, e=4, 1 worker",
     ),
     "device": ("benchmarks.device", "echo on the training device vs host-side echo, e = 1-8"),
+    "pool": ("benchmarks.pool", "the device pool's time per batch at 10-100 batches vs the step"),
     "persistent_workers": (
         "benchmarks.persistent_workers",
         "epoch start (iter() to the first batch) with and without persistent workers",

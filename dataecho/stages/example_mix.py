@@ -5,7 +5,12 @@ each batch's examples together, and Choi et al. found that batch echoing saves f
 examples than example echoing, whose copies spread over many batches. This stage keeps a pool
 of examples in slots on the batches' own device and forms each batch from random pool
 examples: the copies of a fresh batch spread over the batches that follow, while each batch in
-or out costs a few tensor operations on its own rows (a scatter, a draw, a gather).
+or out costs a few tensor operations on its own rows (a scatter, a gather).
+
+Its cost does not grow with the pool, so the pool can hold as many batches as memory allows:
+which slots hold an example, which are free and which are drawn is kept on the host in numpy
+(:func:`draw_distinct`, O(batch) per batch: no scan, sort or ``topk`` over the pool), and only
+the drawn and the filled slot numbers go to the device, where they never make the host wait.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from dataecho import _validate
@@ -25,6 +31,26 @@ from dataecho.stages.batch_rows import RowLayout, tensor_leaves
 from dataecho.stages.seeds import STAGE_MIX, derive_seed
 
 
+def draw_distinct(rng: np.random.Generator, n: int, k: int, owner: np.ndarray) -> np.ndarray:
+    """``k`` distinct numbers of ``range(n)``: a uniform random subset, in random order.
+
+    O(k): ``k`` draws with replacement, each repeat drawn again (about ``k**2 / 2n`` of them).
+    ``owner`` is scratch space of at least ``n`` entries, all -1, and left so: it tells the
+    first of equal draws apart without a sort (``np.unique``) or a scan of ``range(n)``.
+    """
+    if 2 * k > n:  # few to draw from: a permutation costs no more
+        return rng.permutation(n)[:k]
+    drawn = np.empty(0, dtype=np.int64)
+    while len(drawn) < k:
+        both = np.concatenate([drawn, rng.integers(0, n, size=k - len(drawn))])
+        order = np.arange(len(both))
+        owner[both[::-1]] = order[::-1]  # one occurrence of each number owns it
+        firsts = owner[both] == order
+        owner[both] = -1
+        drawn = both[firsts]  # the earlier draws are kept, as they are distinct
+    return drawn
+
+
 class MixExamples(Stage[Any]):
     """Pool at least ``buffer_size`` examples of ``source``'s batches; emit batches of random
     pool examples, drawn without replacement, of the sizes the batches arrived in (so a loader
@@ -32,10 +58,9 @@ class MixExamples(Stage[Any]):
 
     Every leaf of a batch must be a tensor with one row per example, in one dtype and row
     shape (:mod:`~dataecho.stages.batch_rows`). The pool lives on ``device`` (None: the first
-    batch's); the draws come from a generator there, so nothing waits on the host. Emitted
-    tensors are new (gathered). ``work_seconds``: time spent mixing (the source's waits
-    excluded). State: copies of the pool, its free slots, the sizes still due and the
-    generator's state.
+    batch's); the draws are made on the host (module docstring). Emitted tensors are new
+    (gathered). ``work_seconds``: time spent mixing (the source's waits excluded). State: a copy
+    of the pool, its held and free slots, the sizes still due and the generator's state.
     """
 
     STAGE_ID = STAGE_MIX
@@ -59,16 +84,20 @@ class MixExamples(Stage[Any]):
     def _start_epoch(self) -> None:
         self._layout: RowLayout | None = None
         self._slots: Any = None  # the pool: the batch structure, each leaf's rows as words
-        self._used = torch.zeros(0, dtype=torch.bool)  # per slot: holds a pooled example
-        self._free = torch.zeros(0, dtype=torch.long)  # free slots, the oldest freed first
+        # The slots holding an example, any order: the first _count entries of _held, which
+        # has one entry per slot (as _owner, draw_distinct's scratch).
+        self._held = np.zeros(0, dtype=np.int64)
+        self._count = 0
+        self._owner = np.zeros(0, dtype=np.int64)
+        self._free = np.zeros(0, dtype=np.int64)  # free slots, the oldest freed first
         self._sizes: deque[int] = deque()  # sizes of the batches still to emit, in order
         self._exhausted = False
-        self._generator: torch.Generator | None = None
-        self._saved_generator: torch.Tensor | None = None  # a resumed state, until it is used
+        self._draws: np.random.Generator | None = None
+        self._saved_draws: dict[str, Any] | None = None  # a resumed state, until it is used
 
     @property
     def _pooled(self) -> int:
-        return len(self._used) - len(self._free)
+        return self._count
 
     def next(self) -> Any:
         start, waited = time.perf_counter(), self.stats.wait_seconds
@@ -91,12 +120,12 @@ class MixExamples(Stage[Any]):
             raise StopIteration
         size = sizes.popleft()
         self._follow_device()
-        # A uniform random subset of the pooled examples: the largest of iid uniform keys.
-        keys = torch.rand(len(self._used), generator=self._generator, device=self.device)
-        picked = keys.masked_fill_(~self._used, -1.0).topk(size).indices
-        out = map_tensors(self._slots, lambda t: t.index_select(0, picked))
-        self._used.index_fill_(0, picked, False)
-        self._free = torch.cat([self._free, picked])
+        positions = draw_distinct(self._generator(), self._count, size, self._owner)
+        picked = self._held[positions]
+        self._release(positions)
+        self._free = np.concatenate([self._free, picked])
+        where = self._to_device(picked)
+        out = map_tensors(self._slots, lambda t: t.index_select(0, where))
         self.stats.items_out += 1
         assert self._layout is not None  # a size was queued, so _add has run and set it
         return self._layout.from_words(out)
@@ -110,63 +139,89 @@ class MixExamples(Stage[Any]):
         size = self._layout.size(batch)
         self._follow_device()
         if len(self._free) < size:  # room for this batch, and for the pool to reach its size
-            more = max(size - len(self._free), self.buffer_size + size - len(self._used))
-            self._grow(more)
-        where, self._free = self._free[:size], self._free[size:]
+            capacity = len(self._held)
+            more = max(size - len(self._free), self.buffer_size + size - capacity)
+            self._grow(capacity, more)
+        filled, self._free = self._free[:size], self._free[size:]
+        self._held[self._count : self._count + size] = filled
+        self._count += size
+        where = self._to_device(filled)
         rows = iter(tensor_leaves(self._layout.to_words(batch)))
         map_tensors(self._slots, lambda t: t.index_copy_(0, where, next(rows).to(t.device)))
-        self._used.index_fill_(0, where, True)
         self._sizes.append(size)
 
-    def _grow(self, more: int) -> None:
-        n = len(self._used)
+    def _grow(self, capacity: int, more: int) -> None:
         self._slots = map_tensors(
             self._slots, lambda t: torch.cat([t, t.new_empty((more, *t.shape[1:]))])
         )
-        self._used = torch.cat([self._used, self._used.new_zeros(more)])
-        self._free = torch.cat([self._free, torch.arange(n, n + more, device=self.device)])
+        self._free = np.concatenate([self._free, np.arange(capacity, capacity + more)])
+        self._held = np.concatenate([self._held, np.zeros(more, dtype=np.int64)])
+        self._owner = np.full(capacity + more, -1, dtype=np.int64)
+
+    def _release(self, positions: np.ndarray) -> None:
+        """Drop the entries at ``positions`` from the held slots in O(len(positions)): the
+        last entries not dropped move into the gaps."""
+        tail = self._count - len(positions)
+        in_tail = positions >= tail
+        kept = np.ones(len(positions), dtype=bool)
+        kept[positions[in_tail] - tail] = False
+        self._held[positions[~in_tail]] = self._held[tail : self._count][kept]
+        self._count = tail
+
+    def _to_device(self, slots: np.ndarray) -> torch.Tensor:
+        """Slot numbers as an index on the pool's device; to a GPU from pinned memory, so the
+        copy queues behind the device's work instead of waiting for it."""
+        index = torch.from_numpy(slots)
+        if self.device is not None and self.device.type == "cuda":
+            return index.pin_memory().to(self.device, non_blocking=True)
+        return index
 
     def _follow_device(self) -> None:
-        """The pool (and the generator) on ``device``: a resumed pool comes from the host."""
-        self.device = self.device or self._used.device
-        if self._used.device != self.device:
-            move = lambda t: t.to(self.device)  # noqa: E731
-            self._slots = map_tensors(self._slots, move)
-            self._used, self._free = move(self._used), move(self._free)
-        if self._generator is None:
-            self._generator = torch.Generator(device=self.device)
-            self._generator.manual_seed(derive_seed(self.seed, self.STAGE_ID, self._epoch))
-            if self._saved_generator is not None:
-                self._generator.set_state(self._saved_generator)
-                self._saved_generator = None
+        """The pool on ``device``: a resumed pool comes from the host."""
+        assert self._slots is not None  # _add has run
+        first = tensor_leaves(self._slots)[0]
+        self.device = self.device or first.device
+        if first.device != self.device:
+            self._slots = map_tensors(self._slots, lambda t: t.to(self.device))
+
+    def _generator(self) -> np.random.Generator:
+        if self._draws is None:
+            self._draws = np.random.default_rng(derive_seed(self.seed, self.STAGE_ID, self._epoch))
+            if self._saved_draws is not None:
+                self._draws.bit_generator.state = self._saved_draws
+                self._saved_draws = None
+        return self._draws
 
     def _get_stage_state(self) -> dict[str, Any]:
         pool = None if self._layout is None else self._layout.from_words(self._slots)
         return {
             "pool": None if pool is None else map_tensors(pool, lambda t: t.clone()),
-            "used": self._used.clone(),
-            "free": self._free.clone(),
+            "held": torch.from_numpy(self._held[: self._count].copy()),
+            "free": torch.from_numpy(self._free.copy()),
             "sizes": list(self._sizes),
             "exhausted": self._exhausted,
-            "generator": None if self._generator is None else self._generator.get_state(),
+            "draws": self._saved_draws if self._draws is None else self._draws.bit_generator.state,
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        if "pool" not in state:
+        if "held" not in state:
             raise DataechoValueError(
-                "this state holds no example pool (keys: "
-                f"{', '.join(sorted(state))}): it comes from another stage, such as the whole-"
-                "batch shuffle that where='device' used before it mixed examples; resume it "
-                "with the dataecho that wrote it, or start the run anew"
+                "this state holds no example pool of this dataecho (keys: "
+                f"{', '.join(sorted(state))}): it comes from another stage or another version "
+                "of dataecho; resume it with the dataecho that wrote it, or start the run anew"
             )
         self._start_epoch()
         if state["pool"] is not None:
             self._layout = RowLayout(state["pool"])
             self._slots = self._layout.to_words(state["pool"])
-        self._used, self._free = state["used"], state["free"]
+        held, self._free = state["held"].numpy(), state["free"].numpy().copy()
+        self._count = len(held)
+        capacity = self._count + len(self._free)
+        self._held = np.concatenate([held, np.zeros(len(self._free), dtype=np.int64)])
+        self._owner = np.full(capacity, -1, dtype=np.int64)
         self._sizes = deque(int(s) for s in state["sizes"])
         self._exhausted = bool(state["exhausted"])
-        self._saved_generator = state["generator"]
+        self._saved_draws = state["draws"]
 
 
 def mix_examples(

@@ -6,12 +6,16 @@ import collections
 import time
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from conftest import run_test_save_load_state
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dataecho import EchoingDataLoader
 from dataecho.stages import echo, mix_examples, shuffle
+from dataecho.stages.example_mix import draw_distinct
 
 
 def batches(n: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -162,3 +166,45 @@ def test_a_state_of_another_stage_is_refused_with_the_way_out():
     next(old)
     with pytest.raises(ValueError, match="holds no example pool.*start the run anew"):
         mix_examples(batches(12, 4), 8, seed=0).reset(old.state_dict())
+
+
+@given(n=st.integers(1, 400), k=st.integers(0, 400), seed=st.integers(0, 2**32 - 1))
+def test_draw_distinct_gives_k_distinct_numbers_below_n_and_restores_its_scratch(n, k, seed):
+    k = min(k, n)
+    owner = np.full(n + 3, -1, dtype=np.int64)
+    drawn = draw_distinct(np.random.default_rng(seed), n, k, owner)
+    assert len(drawn) == k == len(set(drawn.tolist()))
+    assert all(0 <= x < n for x in drawn.tolist())
+    assert (owner == -1).all()
+
+
+def test_draw_distinct_is_uniform_over_numbers_and_over_places():
+    rng, owner = np.random.default_rng(0), np.full(200, -1, dtype=np.int64)
+    draws = np.stack([draw_distinct(rng, 200, 20, owner) for _ in range(4000)])
+    counts = np.bincount(draws.ravel(), minlength=200)  # 400 expected per number
+    assert counts.min() > 300 and counts.max() < 500, (counts.min(), counts.max())
+    first = np.bincount(draws[:, 0], minlength=200)  # 20 expected per number
+    assert first.max() < 45, first.max()  # the first drawn is as random as the rest
+
+
+def test_the_pool_cost_per_batch_does_not_grow_with_the_pool():
+    """Counted, not timed: a pool of 64 batches makes no more Python-level calls per emitted
+    batch than one of 2 (a small pool draws its repeats again more often); the time per batch
+    at 10-100 batches is in benchmarks/pool."""
+    import cProfile
+    import pstats
+
+    def calls(pool_batches: int) -> int:
+        source = batches(96 * 8, 8)
+        node = mix_examples(echo(source, 4, seed=0), pool_batches * 8, seed=0)
+        for _ in range(pool_batches + 2):
+            next(node)
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(40):
+            next(node)
+        profile.disable()
+        return sum(s[1] for s in pstats.Stats(profile).stats.values())  # primitive calls
+
+    small, large = calls(2), calls(64)
+    assert large <= small, (small, large)
