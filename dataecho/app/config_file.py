@@ -19,7 +19,13 @@ from typing import Any
 from dataecho._validate import Check
 from dataecho.app import workloads
 from dataecho.app.config import TrainConfig, did_you_mean
-from dataecho.app.loader_settings import LOADER_FIELDS, LOADER_GROUPS, LOADER_KEYS, loader_check
+from dataecho.app.loader_settings import (
+    LOADER_FIELDS,
+    LOADER_GROUPS,
+    LOADER_KEYS,
+    RUN_DEFAULTS,
+    loader_check,
+)
 from dataecho.app.workloads.base import DEFAULTED
 from dataecho.errors import DataechoError
 
@@ -58,9 +64,12 @@ def _help(name: str, text: str) -> str:
 
 
 def _loader_option(f: dataclasses.Field) -> Option:
-    default = None if f.default is MISSING else f.default
+    default = None if f.default is MISSING or f.name in RUN_DEFAULTS else f.default
+    text = _help(f.name, f.metadata["help"])
+    if f.name in RUN_DEFAULTS:
+        text = f"{text} (default: {RUN_DEFAULTS[f.name]})"
     return Option(f.name, default, loader_check(f.name), LOADER_GROUPS.get(f.name, "echoing"),
-                  _help(f.name, f.metadata["help"]))  # fmt: skip
+                  text)  # fmt: skip
 
 
 def _options() -> Iterator[Option]:

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from dataecho._validate import Int, Real
 from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
 from dataecho.app.config import MAX_SEED
-from dataecho.app.loader_settings import MAX_ECHO_FACTOR
+from dataecho.app.loader_settings import DEVICE_POOL_BATCHES, MAX_ECHO_FACTOR
 from dataecho.app.quiet import CpuWatch, QuietCheck, load_per_core
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
@@ -43,10 +43,9 @@ DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
 DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
 # A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
 EXAMPLES_PER_SHARD = 1000
-# Post-echo shuffle buffer (the device's mixing pool), in batches' worth. A pool of 40 saves
-# more fresh examples on the device (benchmarks/augmentation), but on the CPU device its draws
-# take the training thread's time, which the runs at e = R have none of to spare.
-SHUFFLE_BATCHES = 10
+# Post-echo shuffle buffer (the device's mixing pool), in batches' worth: a run's default on
+# the device, which saved the most fresh examples before augmentation too.
+SHUFFLE_BATCHES = DEVICE_POOL_BATCHES
 # The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the
 # loader worker does no per-copy work and the copies' examples mix on the device.
 DEFAULT_WHERE = "device"

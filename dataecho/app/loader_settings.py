@@ -21,6 +21,13 @@ from dataecho.loader import LoaderOptions
 # needs.
 MAX_ECHO_FACTOR = 1024.0
 
+# A run's mixing pool on the device, in batches' worth, unless told otherwise: with the pool's
+# cost flat in its size, 40 batches saved the most fresh examples of the sizes measured (10,
+# 40, 100: benchmarks/augmentation, docs/demo.md) for a few MB of device memory.
+DEVICE_POOL_BATCHES = 40
+# The loader settings whose default the run derives (run_loader), and its words for the help.
+RUN_DEFAULTS = {"shuffle_buffer": f"{DEVICE_POOL_BATCHES} batches' worth with where=device, else 0"}
+
 # The run's stricter checks of the loader's settings (LoaderOptions holds the rest): a
 # per-workload default for the batch size, and the limit above.
 RUN_LOADER_CHECKS: dict[str, Check] = {
@@ -74,6 +81,9 @@ def run_loader(base: Any, flat: dict[str, Any], default_batch_size: int) -> Load
         changes[name] = checked(name, RUN_LOADER_CHECKS[name], changes[name])
     if changes.get("batch_size") is None:
         changes["batch_size"] = default_batch_size
+    if changes.get("shuffle_buffer") is None:
+        on_device = changes.get("where", LOADER_FIELDS["where"].default) == "device"
+        changes["shuffle_buffer"] = DEVICE_POOL_BATCHES * changes["batch_size"] if on_device else 0
     return LoaderOptions(**changes)
 
 

@@ -444,3 +444,17 @@ def test_a_toml_count_past_its_ceiling_names_the_file_and_key(tmp_path):
     path.write_text(f"keep-checkpoints = {2**63 - 1}\n")
     with pytest.raises(ConfigError, match=r"keep_checkpoints must be an integer in 1\.\.1000"):
         config_from(path, {})
+
+
+def test_a_run_on_the_device_mixes_through_its_default_pool_unless_told_otherwise():
+    from dataecho.app.loader_settings import DEVICE_POOL_BATCHES
+
+    assert config_from(None, {"where": "device"}).loader.shuffle_buffer == DEVICE_POOL_BATCHES * 128
+    assert TrainConfig(where="device", batch_size=64).loader.shuffle_buffer == (
+        DEVICE_POOL_BATCHES * 64
+    )
+    assert config_from(None, {"where": "device", "shuffle_buffer": "0"}).loader.shuffle_buffer == 0
+    assert TrainConfig(where="before_augment").loader.shuffle_buffer == 0
+    assert TrainConfig(where="device", shuffle_buffer=256).loader.shuffle_buffer == 256
+    text = " ".join(next(o for o in options() if o.name == "shuffle_buffer").help.split())
+    assert f"(default: {DEVICE_POOL_BATCHES} batches' worth with where=device, else 0)" in text
