@@ -16,7 +16,7 @@ from conftest import needs_nginx, orphan_burners
 from PIL import Image
 
 from dataecho.app.cli import main
-from dataecho.app.demo import DEFAULT_WHERE, QUICK, _configs, add_demo_arguments
+from dataecho.app.demo import DEFAULT_WHERE, QUICK, SHUFFLE_BATCHES, _configs, add_demo_arguments
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
 
 needs_data = pytest.mark.skipif(
@@ -202,10 +202,11 @@ def test_where_flag_reaches_the_echoed_runs(flags):
     assert [c.name for c in configs] == RUNS
     assert [c.where for c in configs[1:]] == [where, where]  # the no-echo run has no echo stage
     assert configs[1].echo_factor == 4.0 and configs[2].echo_factor == "auto"
-    # Ten batches' worth of shuffle buffer: whole batches for where=batch, else examples (the
+    # 40 batches' worth of shuffle buffer: whole batches for where=batch, else examples (the
     # device mixes the copies' examples).
     per_batch = 1 if where == "batch" else QUICK.batch_size
-    assert [c.shuffle_buffer for c in configs] == [0, 10 * per_batch, 10 * per_batch]
+    assert SHUFFLE_BATCHES == 40
+    assert [c.shuffle_buffer for c in configs] == [0, 40 * per_batch, 40 * per_batch]
 
 
 def test_bad_where_is_a_usage_error(capsys):
