@@ -24,6 +24,7 @@ from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode, Mapper
 
 from dataecho.loader.device import DeviceTransform, ToDevice
+from dataecho.loader.numbered import Numbered
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.read_ahead import stop_read_ahead
 from dataecho.stages import Echo, MixExamples, Shuffle
@@ -79,11 +80,30 @@ def example_stages(
     return transform(node)  # "batch" or "device": whole batches are echoed in the main process
 
 
-def counts_deferred(opts: LoaderOptions) -> bool:
-    """Whether the workers' fresh counts wait until a main-process stage hands their batch on:
-    that stage may read fresh batches ahead of the consumer (the next copy to the device in
-    flight, or "auto"'s reader thread)."""
-    return opts.where == "device" or (opts.where == "batch" and opts.adaptive)
+def counts_first_deliveries(opts: LoaderOptions) -> bool:
+    """Whether fresh examples count as the device's pool first delivers them (its
+    ``first_deliveries``), not by the workers' counts per batch."""
+    return opts.where == "device" and opts.shuffle_buffer > 1
+
+
+def workers_counting(opts: LoaderOptions) -> dict[str, bool]:
+    """How the workers node counts fresh examples (``WorkersNode``'s keywords): ``deferred``,
+    its counts wait until a main-process stage hands their batch on (that stage may read fresh
+    batches ahead of the consumer: the next copy to the device in flight, or "auto"'s reader
+    thread); ``counted_downstream``, the device's pool counts them instead."""
+    downstream = counts_first_deliveries(opts)
+    deferred = opts.where == "device" or (opts.where == "batch" and opts.adaptive)
+    return {"deferred": deferred and not downstream, "counted_downstream": downstream}
+
+
+def handed_on(counting: Any) -> int:
+    """What the counting stage has handed on so far: examples first delivered by a pool,
+    else fresh batches."""
+    return (
+        counting.first_deliveries
+        if isinstance(counting, MixExamples)
+        else counting.stats.fresh_items
+    )
 
 
 def batch_stages(
@@ -95,7 +115,8 @@ def batch_stages(
     fresh_batches: Callable[[], int | None] = lambda: None,
 ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
     """The main process's chain over the workers' batches, and its counting stage: the stage
-    whose fresh batches count once it hands them on (:func:`counts_deferred`), else None.
+    whose fresh batches count once it hands them on (:func:`workers_counting`), or whose first
+    deliveries of examples count (:func:`counts_first_deliveries`), else None.
 
     ``device``: the ``torch.device`` of ``where="device"``. ``fresh_batches``: the batches the
     workers deliver this epoch, so that a fractional factor gives a fixed number of them an
@@ -116,11 +137,15 @@ def batch_stages(
     # On CUDA with a fixed factor the next fresh batch's copy stays in flight ("auto" reads on
     # its own thread, which overlaps the copies already).
     ahead = device.type == "cuda" and not opts.adaptive
+    mixed = counts_first_deliveries(opts)
     node = counting = ToDevice(workers, device, ahead=ahead)
+    if mixed:  # each copy carries its fresh batch's number to the pool
+        node = Numbered(node)
     if opts.echoes:
         node = counting = batch_echo(node)
-    if opts.shuffle_buffer > 1:  # the copies' examples spread over the batches that follow
-        node = MixExamples(node, opts.shuffle_buffer, seed=seed(STAGE_MIX), device=device)
+    if mixed:  # the copies' examples spread over the batches that follow
+        node = counting = MixExamples(node, opts.shuffle_buffer, seed=seed(STAGE_MIX),
+                                      device=device, numbered=True)  # fmt: skip
     root = DeviceTransform(node, device, opts.device_transform, seed=seed(STAGE_TRANSFORM))
     return root, counting
 

@@ -28,7 +28,13 @@ from torchdata.nodes import BaseNode
 
 from dataecho import _validate
 from dataecho.errors import DataechoValueError
-from dataecho.loader.chains import MAIN_PROCESS, batch_stages, close_chain, counts_deferred
+from dataecho.loader.chains import (
+    MAIN_PROCESS,
+    batch_stages,
+    close_chain,
+    handed_on,
+    workers_counting,
+)
 from dataecho.loader.checkpointing import LoaderCheckpoint
 from dataecho.loader.dataset_transform import warn_identical_copies
 from dataecho.loader.device import resolve_device
@@ -336,7 +342,7 @@ class EchoingDataLoader(LoaderCheckpoint):
         self._pipeline.fields.prepare(self._epoch, self.seed, self.sampler, saved)
         root, workers, counting = self._build_root()
         root.reset(resume["root"] if resume else None)
-        settled = counting.stats.fresh_items if counting is not None else 0
+        settled = handed_on(counting) if counting is not None else 0
         workers.replaying(getattr(counting, "replayed_reads", 0))  # an adaptive stage's resume
         if resume is None:
             return EpochStart(root, workers, counting, settled, [])
@@ -367,10 +373,8 @@ class EchoingDataLoader(LoaderCheckpoint):
         """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), its workers
         node, and its counting stage (or None)."""
         opts = self.options
-        workers = WorkersNode(
-            self._inner, self._pipeline, self.stats,
-            deferred=counts_deferred(opts), persistent=self._persistent,
-        )  # fmt: skip
+        workers = WorkersNode(self._inner, self._pipeline, self.stats,
+                              persistent=self._persistent, **workers_counting(opts))  # fmt: skip
         epoch = self._epoch
         root, counting = batch_stages(
             workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, stage),

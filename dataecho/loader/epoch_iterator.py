@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
-from dataecho.loader.chains import close_chain
+from dataecho.loader.chains import close_chain, handed_on
 from dataecho.loader.workers import WorkersNode
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
@@ -118,8 +118,11 @@ class EpochIterator:
             stats.work_seconds += worked
         if self._counting is not None:
             assert self._workers is not None  # an epoch's counting stage comes with its workers
-            handed = self._counting.stats.fresh_items
-            self._workers.settle(handed - self._settled)
+            handed = handed_on(self._counting)
+            if self._workers.counted_downstream:  # examples, as the pool first delivered them
+                stats.fresh_examples += handed - self._settled
+            else:  # batches: their counts wait in the workers node
+                self._workers.settle(handed - self._settled)
             self._settled = handed
         stats.batches += 1
         self.yielded += 1

@@ -78,7 +78,8 @@ class WorkersNode(BaseNode[Any]):
     A resumed reader thread may first read again batches handed on before the checkpoint (see
     :meth:`replaying`): counted then, they are dropped uncounted.
     With ``persistent`` (the loader's :class:`PersistentWorkers`), the workers outlive the
-    epoch; a failure in it stops them.
+    epoch; a failure in it stops them. With ``counted_downstream``, a stage after it counts
+    the fresh examples (the device's pool, as it first delivers them) and this node does not.
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class WorkersNode(BaseNode[Any]):
         *,
         deferred: bool = False,
         persistent: PersistentWorkers | None = None,
+        counted_downstream: bool = False,
     ) -> None:
         super().__init__()
         self._loader = loader
@@ -98,6 +100,7 @@ class WorkersNode(BaseNode[Any]):
         self.batch_size = pipeline.options.batch_size  # its items are batches (stats.unit)
         self._stats = stats
         self.deferred = deferred
+        self.counted_downstream = counted_downstream
         self.pending: collections.deque[int] = collections.deque()
         self._replays = 0  # the first pending entries: a resume's replay, already counted
         # Only worker processes send small batches as pickled arrays (loader/transport.py).
@@ -139,7 +142,9 @@ class WorkersNode(BaseNode[Any]):
                 raise
         if self._piped:
             batch = from_wire(batch)
-        if self.deferred:
+        if self.counted_downstream:
+            pass
+        elif self.deferred:
             self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
         else:
             self._stats.fresh_examples += fresh

@@ -11,6 +11,11 @@ Its cost does not grow with the pool, so the pool can hold as many batches as me
 which slots hold an example, which are free and which are drawn is kept on the host in numpy
 (:func:`draw_distinct`, O(batch) per batch: no scan, sort or ``topk`` over the pool), and only
 the drawn and the filled slot numbers go to the device, where they never make the host wait.
+
+With ``numbered=True`` the source's items are ``(n, batch)``: ``n`` numbers the fresh batch a
+copy came from (:class:`dataecho.loader.numbered.Numbered` before the echo stage), and
+:attr:`MixExamples.first_deliveries` counts the examples whose first copy has left the pool,
+so a loader counts an example fresh when it is first trained on (host bookkeeping as well).
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ def draw_distinct(rng: np.random.Generator, n: int, k: int, owner: np.ndarray) -
     return drawn
 
 
+# Rows per batch number in an example's key (n * ROWS + row): more than a batch can hold.
+ROWS = 1 << 24
+
+
 class MixExamples(Stage[Any]):
     """Pool at least ``buffer_size`` examples of ``source``'s batches; emit batches of random
     pool examples, drawn without replacement, of the sizes the batches arrived in (so a loader
@@ -72,7 +81,9 @@ class MixExamples(Stage[Any]):
         *,
         seed: int | None = None,
         device: str | torch.device | None = None,
+        numbered: bool = False,
     ) -> None:
+        self.numbered = bool(numbered)
         self.buffer_size = _validate.buffer_size(
             buffer_size, low=0, hint="use 0 (or 1) for no mixing"
         )
@@ -94,6 +105,11 @@ class MixExamples(Stage[Any]):
         self._exhausted = False
         self._draws: np.random.Generator | None = None
         self._saved_draws: dict[str, Any] | None = None  # a resumed state, until it is used
+        # Numbered: per slot, the example it holds as n * ROWS + row; those not delivered yet.
+        self._example = np.zeros(0, dtype=np.int64)
+        self._undelivered: set[int] = set()
+        self._newest = 0  # the highest batch number seen: a lower one is a copy
+        self.first_deliveries = 0  # this epoch's examples whose first copy left the pool
 
     @property
     def _pooled(self) -> int:
@@ -110,12 +126,13 @@ class MixExamples(Stage[Any]):
         sizes = self._sizes
         while not self._exhausted and (not sizes or self._pooled < self.buffer_size + sizes[0]):
             try:
-                batch = self._pull()
+                item = self._pull()
             except StopIteration:
                 self._exhausted = True
                 break
             self.stats.fresh_items += 1
-            self._add(batch)
+            number, batch = item if self.numbered else (0, item)
+            self._add(number, batch)
         if not sizes:
             raise StopIteration
         size = sizes.popleft()
@@ -123,6 +140,10 @@ class MixExamples(Stage[Any]):
         positions = draw_distinct(self._generator(), self._count, size, self._owner)
         picked = self._held[positions]
         self._release(positions)
+        if self.numbered:
+            delivered = self._undelivered.intersection(self._example[picked].tolist())
+            self._undelivered -= delivered
+            self.first_deliveries += len(delivered)
         self._free = np.concatenate([self._free, picked])
         where = self._to_device(picked)
         out = map_tensors(self._slots, lambda t: t.index_select(0, where))
@@ -130,7 +151,7 @@ class MixExamples(Stage[Any]):
         assert self._layout is not None  # a size was queued, so _add has run and set it
         return self._layout.from_words(out)
 
-    def _add(self, batch: Any) -> None:
+    def _add(self, number: int, batch: Any) -> None:
         if self._layout is None:
             self.device = self.device or tensor_leaves(batch)[0].device
             self._layout = RowLayout(batch)
@@ -145,6 +166,12 @@ class MixExamples(Stage[Any]):
         filled, self._free = self._free[:size], self._free[size:]
         self._held[self._count : self._count + size] = filled
         self._count += size
+        if self.numbered:
+            examples = number * ROWS + np.arange(size)
+            self._example[filled] = examples
+            if number > self._newest:  # a fresh batch, not a copy of one
+                self._newest = number
+                self._undelivered.update(examples.tolist())
         where = self._to_device(filled)
         rows = iter(tensor_leaves(self._layout.to_words(batch)))
         map_tensors(self._slots, lambda t: t.index_copy_(0, where, next(rows).to(t.device)))
@@ -156,6 +183,7 @@ class MixExamples(Stage[Any]):
         )
         self._free = np.concatenate([self._free, np.arange(capacity, capacity + more)])
         self._held = np.concatenate([self._held, np.zeros(more, dtype=np.int64)])
+        self._example = np.concatenate([self._example, np.zeros(more, dtype=np.int64)])
         self._owner = np.full(capacity + more, -1, dtype=np.int64)
 
     def _release(self, positions: np.ndarray) -> None:
@@ -200,6 +228,10 @@ class MixExamples(Stage[Any]):
             "free": torch.from_numpy(self._free.copy()),
             "sizes": list(self._sizes),
             "exhausted": self._exhausted,
+            "examples": torch.from_numpy(self._example[self._held[: self._count]]),
+            "undelivered": torch.tensor(sorted(self._undelivered), dtype=torch.int64),
+            "newest": self._newest,
+            "first_deliveries": self.first_deliveries,
             "draws": self._saved_draws if self._draws is None else self._draws.bit_generator.state,
         }
 
@@ -219,6 +251,10 @@ class MixExamples(Stage[Any]):
         capacity = self._count + len(self._free)
         self._held = np.concatenate([held, np.zeros(len(self._free), dtype=np.int64)])
         self._owner = np.full(capacity, -1, dtype=np.int64)
+        self._example = np.zeros(capacity, dtype=np.int64)
+        self._example[held] = state["examples"].numpy()
+        self._undelivered = set(state["undelivered"].tolist())
+        self._newest, self.first_deliveries = int(state["newest"]), int(state["first_deliveries"])
         self._sizes = deque(int(s) for s in state["sizes"])
         self._exhausted = bool(state["exhausted"])
         self._saved_draws = state["draws"]
@@ -230,8 +266,9 @@ def mix_examples(
     *,
     seed: int | None = None,
     device: str | torch.device | None = None,
+    numbered: bool = False,
 ) -> MixExamples:
     """Mix the examples of ``source``'s batches through a pool of ``buffer_size`` examples on
     ``device`` (None: the first batch's); 0 or 1: each batch only shuffled within itself. See
     :class:`MixExamples`."""
-    return MixExamples(source, buffer_size, seed=seed, device=device)
+    return MixExamples(source, buffer_size, seed=seed, device=device, numbered=numbered)

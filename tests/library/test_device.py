@@ -384,3 +384,31 @@ def test_the_library_ops_augment_every_copy_and_resume_exactly():
         new_epoch=lambda loader: None,
         end_may_start_next_epoch=True,
     )
+
+
+@pytest.mark.parametrize("factor", [4, 2.5, "auto"])
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_through_the_pool_an_example_counts_fresh_when_its_first_copy_is_delivered(
+    factor, num_workers
+):
+    def make():
+        return device_loader(40, echo_factor=factor, shuffle_buffer=12, num_workers=num_workers,
+                             shuffle=True, device_transform=Jitter())  # fmt: skip
+
+    loader, seen = make(), set()
+    it = iter(loader)
+    head = []
+    for batch in it:
+        head.append(batch)
+        seen |= set(labels([batch]))
+        assert loader.stats.fresh_examples == len(seen)  # not the examples still in the pool
+        if len(head) == 9:
+            break
+    state = loader.state_dict()
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    for batch in resumed:
+        seen |= set(labels([batch]))
+        assert resumed.stats.fresh_examples == len(seen)
+    assert seen == set(range(40)) and resumed.stats.fresh_examples == 40
