@@ -1,13 +1,14 @@
 """Echoing on the training device (``where="device"``): one host-to-device copy per fresh batch.
 
-The main-process chain is workers -> :class:`ToDevice` -> echo stage (fixed or ``"auto"``,
-batch level; ``copy=True`` clones on the device) -> with ``shuffle_buffer`` (in examples),
+The main-process chain is workers -> :class:`ToDevice` -> with ``shuffle_buffer`` (in
+examples), :class:`~dataecho.loader.numbered.Numbered` -> echo stage (fixed or ``"auto"``,
+batch level; ``copy=True`` clones on the device) -> with ``shuffle_buffer``,
 :class:`~dataecho.stages.MixExamples`, which forms each batch from random examples of a pool on
 the device, so a fresh batch's copies spread over the batches that follow as with example
 echoing -> :class:`DeviceTransform`. The workers read, decode, augment and batch exactly as
 without echoing; every copy is made, and augmented with its own random draws, on the device.
-A fresh example counts (``stats.fresh_examples``) once the echo stage hands it on, into the
-pool.
+A fresh example counts (``stats.fresh_examples``) once its first copy leaves the pool, or,
+without one, once the echo stage hands its batch on.
 
 On CUDA, :class:`ToDevice` copies from pinned host memory (the inner loader pins in its own
 thread) with ``non_blocking`` copies on a side stream. Read on the training thread (a fixed
