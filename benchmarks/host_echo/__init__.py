@@ -10,7 +10,13 @@ transform. Per extra copy = (worker CPU per fresh batch at e = 4 - at e = 1) / 3
 transform's figure is dataecho's own cost, the difference between the two the transform's.
 Target: dataecho's own CPU per extra copy at most 0.5 ms per batch of 128.
 
-    python -m benchmarks host_echo               # ~40 s; bench-results/host_echo/host_echo.md
+By default the worker's pipeline runs in the training process (``num_workers=0``, the same
+stages): its CPU is the pipeline's alone. With ``--workers 1`` the worker process's CPU also
+holds torch's transport of every batch (``default_collate`` into a new shared-memory segment
+per batch in a worker), which any DataLoader worker pays per batch it sends.
+
+    python -m benchmarks host_echo               # ~1 min; bench-results/host_echo/host_echo.md
+    python -m benchmarks host_echo --workers 1   # the same, CPU of one worker process
     python -m benchmarks host_echo --quick       # ~8 s, one short round
 """
 
@@ -82,7 +88,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help="measured seconds per case and round (3)")
     p.add_argument("--image", type=int, default=64, help="image side, 3 x N x N uint8 (64)")
     p.add_argument("--batch-size", type=int, default=128, help="examples per batch (128)")
-    p.add_argument("--workers", type=int, default=1, help="loader workers (1; 0: in-process)")
+    p.add_argument("--workers", type=int, default=0, help="loader workers (0: in-process)")
     p.add_argument("--shuffle-buffer", type=int, default=1024, help="examples (1024)")
     p.add_argument("--out", default=str(common.results_dir("host_echo")))
     a = p.parse_args(argv)

@@ -13,6 +13,7 @@ in place.
 from __future__ import annotations
 
 import copy as _copy
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -75,41 +76,50 @@ def copy_items(items: list[Any]) -> list[Any]:
 
 def _copy_column(values: list[Any]) -> list[Any]:
     """Copies of ``values``, the leaves or containers found at one place of each item."""
+    # The checks run per value at C speed (map, set): they are most of this function's time.
     first = values[0]
     cls = type(first)
-    if any(type(v) is not cls for v in values):
+    if len(set(map(type, values))) > 1:
         return [copy_item(v) for v in values]
     if cls in _IMMUTABLE:
-        return values
-    if cls is torch.Tensor and _stackable_tensors(values, first):
-        return list(torch.stack(values).unbind(0))
-    if (
-        cls is np.ndarray
-        and first.ndim
-        and all(
-            v.shape == first.shape and v.dtype == first.dtype and v.flags.c_contiguous
-            for v in values
-        )
-    ):
+        return list(values)
+    if cls is torch.Tensor:
+        try:
+            if _stackable_tensors(values, first):
+                return list(torch.stack(values).unbind(0))
+        except (RuntimeError, NotImplementedError):  # shapes, devices or layouts that differ
+            pass
+        return [copy_item(v) for v in values]
+    if cls is np.ndarray and first.ndim and _stackable_arrays(values):
         return list(np.stack(values))
-    if (cls is tuple or cls is list) and first and all(len(v) == len(first) for v in values):
+    if (cls is tuple or cls is list) and first and len(set(map(len, values))) == 1:
         columns = [_copy_column(list(c)) for c in zip(*values, strict=True)]
         return [cls(row) for row in zip(*columns, strict=True)]
-    if cls is dict and first and all(list(v) == list(first) for v in values):
+    if cls is dict and first and len(set(map(tuple, values))) == 1:
         keys = list(first)
         columns = [_copy_column([v[k] for v in values]) for k in keys]
         return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
     return [copy_item(v) for v in values]
 
 
+_SHAPE, _DTYPE, _GRAD = attrgetter("shape"), attrgetter("dtype"), attrgetter("requires_grad")
+
+
 def _stackable_tensors(values: list[torch.Tensor], first: torch.Tensor) -> bool:
-    """Whether ``torch.stack`` copies ``values`` as ``clone`` would: plain, contiguous,
-    strided tensors outside autograd, of one shape, dtype and device."""
-    if first.layout != torch.strided or first.requires_grad:
-        return False
-    shape, dtype, device = first.shape, first.dtype, first.device
-    return all(
-        v.shape == shape and v.dtype == dtype and v.device == device and v.is_contiguous()
-        and not v.requires_grad
-        for v in values
-    )  # fmt: skip
+    """Whether ``torch.stack`` copies ``values`` as ``clone`` would, unless it refuses them
+    (shapes, devices or layouts that differ): plain, contiguous, strided tensors outside
+    autograd, of one dtype (which ``stack`` would promote)."""
+    return (
+        first.layout == torch.strided
+        and len(set(map(_DTYPE, values))) == 1
+        and all(map(torch.Tensor.is_contiguous, values))
+        and not any(map(_GRAD, values))
+    )
+
+
+def _stackable_arrays(values: list[np.ndarray]) -> bool:
+    return (
+        len(set(map(_SHAPE, values))) == 1
+        and len(set(map(_DTYPE, values))) == 1
+        and all(v.flags.c_contiguous for v in values)
+    )
