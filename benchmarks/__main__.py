@@ -37,6 +37,10 @@ BENCHMARKS = {
         "bounded memory: RSS of a 30-minute stream through nginx, e=4, 1 worker",
     ),
     "device": ("benchmarks.device", "echo on the training device vs host-side echo, e = 1-8"),
+    "host_echo": (
+        "benchmarks.host_echo",
+        "before_augment's own worker CPU per extra copy: e=1 vs e=4, identity vs augment",
+    ),
     "pool": ("benchmarks.pool", "the device pool's time per batch at 10-100 batches vs the step"),
     "persistent_workers": (
         "benchmarks.persistent_workers",

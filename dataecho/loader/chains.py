@@ -10,8 +10,10 @@ device             transform                                  to the device -> e
                                                               mixing -> ``device_transform``
 =================  =========================================  ==================================
 
-The worker side is built by :func:`example_stages` (in :mod:`dataecho.loader.pipeline`), the
-main-process side by :func:`batch_stages` (in :mod:`dataecho.loader.echoing_loader`): the order
+The worker side is built by :func:`example_batches` (in :mod:`dataecho.loader.pipeline`); at
+``before_augment`` with a fixed factor one node does its echo, shuffle and transform a batch at a
+time (:mod:`dataecho.loader.example_batches`). The main-process side is built by
+:func:`batch_stages` (in :mod:`dataecho.loader.echoing_loader`): the order
 of the stages at each ``where`` is decided here only.
 """
 
@@ -21,9 +23,10 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from torch.utils.data import default_collate
-from torchdata.nodes import BaseNode, Mapper
+from torchdata.nodes import BaseNode, Batcher, Mapper
 
 from dataecho.loader.device import DeviceTransform, ToDevice
+from dataecho.loader.example_batches import ExampleBatches
 from dataecho.loader.numbered import Numbered
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.read_ahead import stop_read_ahead
@@ -78,6 +81,30 @@ def example_stages(
     if opts.where == "after_augment":
         return echo_and_shuffle(transform(node))
     return transform(node)  # "batch" or "device": whole batches are echoed in the main process
+
+
+def example_batches(
+    node: BaseNode[Any],
+    opts: LoaderOptions,
+    seed: Seeds,
+    *,
+    per_example: Callable[[Any], Any] | None,
+    collate_fn: Callable[[list[Any]], Any],
+    length: int | None,
+) -> BaseNode[list[Any]]:
+    """A worker's batches of tagged copies: :func:`example_stages` and a batcher, or, for
+    ``before_augment`` at a fixed factor, the one node that echoes, mixes, copies and augments
+    a batch at a time (:mod:`dataecho.loader.example_batches`)."""
+    if opts.where == "before_augment" and not opts.adaptive:
+        copy = copies_can_alias(opts, collate_fn, per_example is not None)
+        return ExampleBatches(
+            node, cast(float, opts.echo_factor), batch_size=opts.batch_size,
+            shuffle_buffer=opts.shuffle_buffer, transform=per_example, seed=seed(STAGE_ECHO),
+            copy=copy, length=length,
+        )  # fmt: skip
+    stages = example_stages(node, opts, seed, per_example=per_example, collate_fn=collate_fn,
+                            length=length)  # fmt: skip
+    return Batcher(stages, opts.batch_size, drop_last=False)
 
 
 def counts_first_deliveries(opts: LoaderOptions) -> bool:

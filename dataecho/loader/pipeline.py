@@ -19,9 +19,9 @@ from typing import Any, cast
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
-from torchdata.nodes import BaseNode, Batcher, Mapper
+from torchdata.nodes import BaseNode, Mapper
 
-from dataecho.loader.chains import close_chain, example_stages
+from dataecho.loader.chains import close_chain, example_batches
 from dataecho.loader.dataset_transform import find_transform, lifts
 from dataecho.loader.delivery import Delivery
 from dataecho.loader.epoch_fields import EpochFields
@@ -141,13 +141,9 @@ class PipelineIterator:
             share = known_length(dataset)
         # The options' defaults are derived on construction: read_ahead is an int here.
         node: BaseNode[Any] = Tagged(read_ahead(source, cast(int, opts.read_ahead)))
-        node = example_stages(node, opts, seed, per_example=per_example,
-                              collate_fn=owner.collate_fn, length=share)  # fmt: skip
-        self._delivery = Delivery(
-            Batcher(node, opts.batch_size, drop_last=False),
-            opts.batch_size,
-            drop_last=opts.drop_last,
-        )
+        batches = example_batches(node, opts, seed, per_example=per_example,
+                                  collate_fn=owner.collate_fn, length=share)  # fmt: skip
+        self._delivery = Delivery(batches, opts.batch_size, drop_last=opts.drop_last)
         self.root: BaseNode[Any] = Mapper(self._delivery, owner.collate_fn)
         if opts.batch_transform is not None:
             self.root = Mapper(self.root, opts.batch_transform)

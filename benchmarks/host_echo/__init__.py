@@ -1,0 +1,154 @@
+"""Host-side example echo's own cost: the loader worker's CPU per extra copy of a batch.
+
+``where="before_augment"`` at a fixed factor echoes examples inside the loader worker, each
+copy augmented there by the user's per-example ``transform=``. What one extra copy costs the
+worker is the transform's call plus dataecho's own work on the copy (copying, mixing,
+batching, counting). Measured side by side in one run, cases interleaved in rounds: the same
+loader at e = 1 (no echo) and e = 4, once with the application's per-example shift-flip-
+normalise (``dataecho.app.workloads.image_augment.Augment``) and once with an identity
+transform. Per extra copy = (worker CPU per fresh batch at e = 4 - at e = 1) / 3; the identity
+transform's figure is dataecho's own cost, the difference between the two the transform's.
+Target: dataecho's own CPU per extra copy at most 0.5 ms per batch of 128.
+
+By default the worker's pipeline runs in the training process (``num_workers=0``, the same
+stages): its CPU is the pipeline's alone. With ``--workers 1`` the worker process's CPU also
+holds torch's transport of every batch (``default_collate`` into a new shared-memory segment
+per batch in a worker), which any DataLoader worker pays per batch it sends.
+
+    python -m benchmarks host_echo               # ~1 min; bench-results/host_echo/host_echo.md
+    python -m benchmarks host_echo --workers 1   # the same, CPU of one worker process
+    python -m benchmarks host_echo --quick       # ~8 s, one short round
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks import common
+from benchmarks.device.workload import PacedShapes
+from dataecho import EchoingDataLoader
+from dataecho.app.workloads.image_augment import Augment
+
+TARGET_MS = 0.5  # dataecho's own worker CPU per extra copy of a batch of 128
+FACTOR = 4
+STREAM = 10**6  # examples: more than any window reads
+
+
+def identity(example: Any) -> Any:
+    """The cheapest per-example transform: what is left is dataecho's own cost."""
+    return example
+
+
+TRANSFORMS = {"identity": identity, "augment": Augment(pad=2)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    batch_size: int
+    image: int
+    workers: int
+    shuffle_buffer: int
+    warmup: float
+    duration: float
+
+
+def window(plan: Plan, data: Any, transform: str, e: int) -> float:
+    """Worker CPU ms per fresh batch of one case (the main process's with ``workers=0``)."""
+    loader = EchoingDataLoader(
+        data, batch_size=plan.batch_size, echo_factor=e, where="before_augment",
+        transform=TRANSFORMS[transform], shuffle_buffer=plan.shuffle_buffer,
+        num_workers=plan.workers, seed=0,
+    )  # fmt: skip
+    cpu = common.children_cpu_seconds if plan.workers else time.process_time
+    it = iter(loader)
+    try:
+        warm_until = time.perf_counter() + plan.warmup
+        while time.perf_counter() < warm_until:
+            next(it)
+        fresh0, cpu0 = loader.stats.fresh_items, cpu()
+        end = time.perf_counter() + plan.duration
+        while time.perf_counter() < end:
+            next(it)
+        seconds, fresh = cpu() - cpu0, loader.stats.fresh_items - fresh0
+    finally:
+        loader.close()
+    return 1e3 * seconds / (fresh / plan.batch_size)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks host_echo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="one round of short windows")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (3; 1 with --quick)")
+    p.add_argument("--duration", type=float, help="measured seconds per case and round (3)")
+    p.add_argument("--image", type=int, default=64, help="image side, 3 x N x N uint8 (64)")
+    p.add_argument("--batch-size", type=int, default=128, help="examples per batch (128)")
+    p.add_argument("--workers", type=int, default=0, help="loader workers (0: in-process)")
+    p.add_argument("--shuffle-buffer", type=int, default=1024, help="examples (1024)")
+    p.add_argument("--out", default=str(common.results_dir("host_echo")))
+    a = p.parse_args(argv)
+    a.rounds = a.rounds or (1 if a.quick else 3)
+    a.duration = a.duration or (0.8 if a.quick else 3.0)
+    return a
+
+
+def rows(costs: dict[tuple[str, int], list[float]]) -> tuple[list[list[str]], float]:
+    """One row per transform; and dataecho's own ms per extra copy (identity's median)."""
+    per_copy: dict[str, list[float]] = {}
+    out = []
+    for name in TRANSFORMS:
+        base, echoed = costs[(name, 1)], costs[(name, FACTOR)]
+        per_copy[name] = [(b - a) / (FACTOR - 1) for a, b in zip(base, echoed, strict=True)]
+        extra = per_copy[name]
+        spread = f" ({min(extra):.2f}-{max(extra):.2f})" if len(extra) > 1 else ""
+        out.append([name, f"{statistics.median(base):.2f}", f"{statistics.median(echoed):.2f}",
+                    f"{statistics.median(extra):.2f}{spread}"])  # fmt: skip
+    own = statistics.median(per_copy["identity"])
+    user = statistics.median([a - b for a, b in zip(per_copy["augment"], per_copy["identity"],
+                                                    strict=True)])  # fmt: skip
+    out.append(["augment - identity: the transform's own", "-", "-", f"{user:.2f}"])
+    return out, own
+
+
+HEADERS = ["transform", "ms / fresh batch, e=1", f"ms / fresh batch, e={FACTOR}",
+           "ms per extra copy (rounds)"]  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    threads = common.pin_threads(1)
+    load = common.load_average()
+    plan = Plan(a.batch_size, a.image, a.workers, a.shuffle_buffer, min(1.0, a.duration),
+                a.duration)  # fmt: skip
+    data = PacedShapes(STREAM, (3, a.image, a.image), 0.0, 0.0)
+    cases = [(name, e) for name in TRANSFORMS for e in (1, FACTOR)]
+    costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, *c), log,
+                               lambda c: f"{c[0]} e={c[1]}")  # fmt: skip
+    table, own = rows(costs)
+    verdict = "met" if own <= TARGET_MS else "MISSED"
+    m = common.machine_summary()
+    where = f"{a.workers} loader worker(s)" if a.workers else "in-process (num_workers=0)"
+    text = (
+        f"# Host-side example echo: worker CPU per extra copy\n\nCommand: `python -m benchmarks "
+        f"host_echo {' '.join(argv)}`.\nMachine: {m['cpu']}; torch {m['torch']}; {threads}. "
+        f"Load before: {load}; after: {common.load_average()}.\nwhere=before_augment, images "
+        f"3x{a.image}x{a.image} uint8, batch {a.batch_size}, shuffle_buffer "
+        f"{a.shuffle_buffer}, {where}; {a.rounds} round(s) of {a.duration:g} s per case, "
+        f"interleaved. CPU in ms per fresh batch of {a.batch_size} (medians over rounds).\n\n"
+        + common.markdown_table(HEADERS, table, "lrrr")
+        + f"\n\ndataecho's own CPU per extra copy (identity): {own:.2f} ms per batch of "
+        f"{a.batch_size}; target <= {TARGET_MS} ms: {verdict}.\n"
+    )
+    from pathlib import Path
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "host_echo.md").write_text(text)
+    print(text)
+    return 0 if own <= TARGET_MS else 1

@@ -1,0 +1,189 @@
+"""``where="before_augment"`` at a fixed factor: echo, mix, copy and augment, a batch at a time.
+
+Why one node: run as a chain of per-example nodes (echo, shuffle buffer, transform, batcher),
+every copy pays each node's call, a walk of its structure to copy it and a shuffle buffer's
+draw, about ten times what copying and collating the copy cost. Here a fresh example enters
+a pool as its copies' entries (references to the one original: nothing is copied yet); each
+batch takes its entries from the pool at once (a draw of the whole batch, O(batch), in numpy:
+:func:`dataecho.stages.example_mix.draw_distinct`), and only then is each taken entry copied,
+where it must be, and handed to the per-example transform. Per copy that leaves one copy and
+the transform's call.
+
+- **Counts**: exactly the echo stage's (:class:`~dataecho.stages.fixed_echo.Echo`, whose
+  selection sampling and state this extends): every fresh example ``floor(factor)`` times, a
+  fractional factor's extra copies a fixed number per epoch.
+- **Order**: without a shuffle buffer (``shuffle_buffer`` 0 or 1) the copies of each fresh
+  example follow one another and each is augmented as its batch is formed, as the per-example
+  chain does. With one, each batch is a uniform draw without replacement from a pool of at
+  least ``shuffle_buffer + batch_size - 1`` entries (what a shuffle buffer of that size draws
+  a batch from); at the end of the source the pool drains.
+- **Copies**: with ``copy``, every copy of an example echoed more than once is a new object
+  (:func:`~dataecho.stages.copying.copy_item`) made from the pristine original, which never
+  leaves the node itself; an example emitted once is passed on as it is.
+- **Randomness**: the transform runs on the batch's copies while that batch is formed, so in
+  the loader it draws inside the batch's seeded scope (:mod:`dataecho.loader.rng_scope`).
+- **State**: the echo stage's, the pool's entries (each original stored once, with the
+  entries that refer to it), the pool's generator and whether the source ended.
+
+Items in: ``(read_number, example)``; out: lists of ``(read_number, copy)``, one per batch
+(the last one shorter), as :class:`torchdata.nodes.Batcher` gives them to
+:class:`~dataecho.loader.delivery.Delivery`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from dataecho.stages.copying import copy_items
+from dataecho.stages.example_mix import draw_distinct
+from dataecho.stages.fixed_echo import Echo
+from dataecho.stages.packing import pack, unpack
+from dataecho.stages.seeds import STAGE_SHUFFLE, derive_seed
+
+# One pool entry: (read number, the original example, whether its copy must be a new object).
+Entry = tuple[int, Any, bool]
+
+
+class ExampleBatches(Echo[Any]):
+    """Batches of ``batch_size`` copies of ``source``'s tagged examples; see the module
+    docstring. ``transform``: run on each copy (None: copies pass as they are)."""
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        factor: float,
+        *,
+        batch_size: int,
+        shuffle_buffer: int = 0,
+        transform: Callable[[Any], Any] | None = None,
+        seed: int | None = None,
+        copy: bool = True,
+        length: int | None = None,
+    ) -> None:
+        super().__init__(source, factor, seed=seed, copy=copy, length=length)
+        self.batch_size = int(batch_size)
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.transform = transform
+        self._entries: list[Entry] = []  # the pool (with a shuffle buffer)
+        self._exhausted = False
+        self._owner = np.zeros(0, dtype=np.int64)  # draw_distinct's scratch, all -1
+        self._draws: np.random.Generator | None = None
+        self._saved_draws: dict[str, Any] | None = None  # a resumed state, until it is used
+
+    @property
+    def mixing(self) -> bool:
+        """Whether batches are drawn from a pool (a shuffle buffer of more than one)."""
+        return self.shuffle_buffer > 1
+
+    def _start_epoch(self) -> None:
+        super()._start_epoch()
+        self._entries, self._exhausted = [], False
+        self._draws, self._saved_draws = None, None
+
+    def _read(self) -> tuple[Any, int] | None:
+        """The next fresh tagged example and its number of copies; None at the source's end."""
+        try:
+            tagged = self._pull()
+        except StopIteration:
+            self._exhausted = True
+            return None
+        self.stats.fresh_items += 1
+        return tagged, self._whole + int(self._draw_extra())
+
+    def next(self) -> list[tuple[int, Any]]:
+        taken = self._from_pool() if self.mixing else self._in_order()
+        if not taken:
+            raise StopIteration
+        self.stats.items_out += len(taken)
+        # The copies made together (copy_items: one block, not an allocation per copy).
+        copies = iter(copy_items([x for _, x, new in taken if new]))
+        examples = [next(copies) if new else x for _, x, new in taken]
+        transform = self.transform
+        if transform is not None:
+            examples = [transform(x) for x in examples]
+        return list(zip([n for n, _, _ in taken], examples, strict=True))
+
+    def _in_order(self) -> list[Entry]:
+        """The next batch's entries in the echo stage's order: each example's copies in a row."""
+        out: list[Entry] = []
+        while len(out) < self.batch_size:
+            if self._remaining == 0:
+                if self._exhausted or (read := self._read()) is None:
+                    break
+                self._pending, self._copies = read
+                self._remaining = self._copies
+            n = min(self._remaining, self.batch_size - len(out))
+            number, item = self._pending
+            out += [(number, item, self._copies > 1 and self.copy)] * n
+            self._remaining -= n
+            if self._remaining == 0:
+                self._pending = None
+        return out
+
+    def _from_pool(self) -> list[Entry]:
+        """The next batch's entries: a uniform draw from the pool, refilled first."""
+        entries = self._entries
+        while not self._exhausted and len(entries) < self.shuffle_buffer + self.batch_size - 1:
+            read = self._read()
+            if read is not None:
+                (number, item), copies = read
+                entries += [(number, item, copies > 1 and self.copy)] * copies
+        size = min(self.batch_size, len(entries))
+        if size == 0:
+            return []
+        n = len(entries)
+        if len(self._owner) < n:
+            self._owner = np.full(2 * n, -1, dtype=np.int64)
+        positions = draw_distinct(self._generator(), n, size, self._owner)
+        taken = [entries[p] for p in positions.tolist()]
+        # The entries left over from the pool's tail move into the gaps: O(size), no scan.
+        tail = n - size
+        in_tail = positions >= tail
+        kept = np.ones(size, dtype=bool)
+        kept[positions[in_tail] - tail] = False
+        for gap, last in zip(positions[~in_tail].tolist(), (np.flatnonzero(kept) + tail).tolist(),
+                             strict=True):  # fmt: skip
+            entries[gap] = entries[last]
+        del entries[tail:]
+        return taken
+
+    def _generator(self) -> np.random.Generator:
+        if self._draws is None:
+            self._draws = np.random.default_rng(derive_seed(self.seed, STAGE_SHUFFLE, self._epoch))
+            if self._saved_draws is not None:
+                self._draws.bit_generator.state = self._saved_draws
+                self._saved_draws = None
+        return self._draws
+
+    def _get_stage_state(self) -> dict[str, Any]:
+        # Each original once: its copies' entries refer to it by its place in `stored`.
+        places: dict[tuple[int, int], int] = {}
+        stored: list[Any] = []
+        refs = []
+        for number, item, _ in self._entries:
+            place = places.setdefault((number, id(item)), len(stored))
+            if place == len(stored):
+                stored.append((number, item))
+            refs.append(place)
+        return {
+            **super()._get_stage_state(),
+            "pool": pack(stored),
+            "refs": torch.tensor(refs, dtype=torch.int64),
+            "new": torch.tensor([new for _, _, new in self._entries], dtype=torch.bool),
+            "exhausted": self._exhausted,
+            "draws": self._saved_draws if self._draws is None else self._draws.bit_generator.state,
+        }
+
+    def _load_stage_state(self, state: dict[str, Any]) -> None:
+        super()._load_stage_state(state)
+        stored = unpack(state["pool"])
+        self._entries = [
+            (*stored[place], new)
+            for place, new in zip(state["refs"].tolist(), state["new"].tolist(), strict=True)
+        ]
+        self._exhausted = bool(state["exhausted"])
+        self._draws, self._saved_draws = None, state["draws"]
