@@ -31,7 +31,7 @@ from tqdm import tqdm
 from dataecho._validate import Int, Real
 from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
 from dataecho.app.config import MAX_SEED
-from dataecho.app.loader_settings import DEVICE_POOL_BATCHES, MAX_ECHO_FACTOR
+from dataecho.app.loader_settings import MAX_ECHO_FACTOR
 from dataecho.app.quiet import CpuWatch, QuietCheck, load_per_core
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
@@ -43,9 +43,11 @@ DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
 DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
 # A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
 EXAMPLES_PER_SHARD = 1000
-# Post-echo shuffle buffer (the device's mixing pool), in batches' worth: a run's default on
-# the device, which saved the most fresh examples before augmentation too.
-SHUFFLE_BATCHES = DEVICE_POOL_BATCHES
+# Post-echo shuffle buffer (the device's mixing pool), in batches' worth. The demo keeps 10,
+# not a run's 40 (loader_settings.DEVICE_POOL_BATCHES): its figures of merit count fresh
+# examples as they are first trained on, and on a run this short the 40-batch pool's waiting
+# examples (about 5% of those to the target) read as a slower pipeline (docs/demo.md).
+SHUFFLE_BATCHES = 10
 # The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the
 # loader worker does no per-copy work and the copies' examples mix on the device.
 DEFAULT_WHERE = "device"

@@ -202,11 +202,11 @@ def test_where_flag_reaches_the_echoed_runs(flags):
     assert [c.name for c in configs] == RUNS
     assert [c.where for c in configs[1:]] == [where, where]  # the no-echo run has no echo stage
     assert configs[1].echo_factor == 4.0 and configs[2].echo_factor == "auto"
-    # 40 batches' worth of shuffle buffer: whole batches for where=batch, else examples (the
+    # Ten batches' worth of shuffle buffer: whole batches for where=batch, else examples (the
     # device mixes the copies' examples).
     per_batch = 1 if where == "batch" else QUICK.batch_size
-    assert SHUFFLE_BATCHES == 40
-    assert [c.shuffle_buffer for c in configs] == [0, 40 * per_batch, 40 * per_batch]
+    assert SHUFFLE_BATCHES == 10
+    assert [c.shuffle_buffer for c in configs] == [0, 10 * per_batch, 10 * per_batch]
 
 
 def test_bad_where_is_a_usage_error(capsys):

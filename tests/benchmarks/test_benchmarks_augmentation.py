@@ -54,5 +54,5 @@ def test_the_shuffle_buffer_is_counted_in_the_insertion_points_unit():
     def buffer(where: str) -> int:
         return augmentation.shuffle_buffer(augmentation.parse_args(["--where", where]))
 
-    assert buffer("before_augment") == buffer("device") == 40 * 128  # examples (the demo's 40)
-    assert buffer("batch") == 40  # whole batches
+    assert buffer("before_augment") == buffer("device") == 10 * 128  # examples
+    assert buffer("batch") == 10  # whole batches
