@@ -110,11 +110,13 @@ class Guard:
         self._store = _store_client(info.timeout)
         beat_store = _store_client(info.timeout)
         self._stop = threading.Event()
+        self._beating: threading.Thread | None = None
         if self._store is not None and beat_store is not None:
             self._store.set(_key("at", info.rank), "0")
             self._store.set(_key("beat", info.rank), "0")
-            threading.Thread(target=self._heartbeat, args=(beat_store,), daemon=True,
-                             name="dataecho-heartbeat").start()  # fmt: skip
+            self._beating = threading.Thread(target=self._heartbeat, args=(beat_store,),
+                                             daemon=True, name="dataecho-heartbeat")  # fmt: skip
+            self._beating.start()
         else:
             self._store = None
 
@@ -161,8 +163,12 @@ class Guard:
         )
 
     def close(self) -> None:
-        """Stop the heartbeat."""
+        """Stop the heartbeat, and wait for its thread (bounded): a thread still inside a store
+        call as the process exits, with the store's host gone (another node's agent done),
+        aborted the rank ("terminate called without an active exception")."""
         self._stop.set()
+        if self._beating is not None:
+            self._beating.join(timeout=5.0)
 
     def _get(self, key: str) -> str | None:
         assert self._store is not None
