@@ -153,7 +153,10 @@ def batch_stages(
         return workers, None
 
     def batch_echo(n: BaseNode[Any]) -> BaseNode[Any]:
-        return echo_stage(n, opts, seed(STAGE_ECHO), length=fresh_batches())
+        # Into the device's pool, copies need not be separate objects: the pool copies their
+        # rows into its slots, and every batch it emits is gathered anew.
+        copy = opts.copy and not counts_first_deliveries(opts)
+        return echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=fresh_batches())
 
     if opts.where == "batch":
         node = batch_echo(workers) if opts.echoes else workers
