@@ -50,39 +50,6 @@ class OnItem:
         return tagged[0], self.fn(tagged[1])
 
 
-def example_stages(
-    node: BaseNode[Any],
-    opts: LoaderOptions,
-    seed: Seeds,
-    *,
-    per_example: Callable[[Any], Any] | None,
-    collate_fn: Callable[[list[Any]], Any],
-    length: int | None,
-) -> BaseNode[Any]:
-    """A worker's stages over its tagged reads ``node``, in ``opts.where``'s order.
-
-    ``per_example``: the transform run on each item (the user's or the dataset's), or None.
-    ``length``: the items the worker reads this epoch (see :func:`echo_stage`).
-    """
-
-    def transform(n: BaseNode[Any]) -> BaseNode[Any]:
-        return n if per_example is None else Mapper(n, OnItem(per_example))
-
-    def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
-        if opts.echoes:
-            copy = copies_can_alias(opts, collate_fn, per_example is not None)
-            n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=length)
-        if opts.shuffle_buffer > 1:
-            n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
-        return n
-
-    if opts.where == "before_augment":
-        return transform(echo_and_shuffle(node))
-    if opts.where == "after_augment":
-        return echo_and_shuffle(transform(node))
-    return transform(node)  # "batch" or "device": whole batches are echoed in the main process
-
-
 def example_batches(
     node: BaseNode[Any],
     opts: LoaderOptions,
@@ -92,18 +59,38 @@ def example_batches(
     collate_fn: Callable[[list[Any]], Any],
     length: int | None,
 ) -> BaseNode[list[Any]]:
-    """A worker's batches of tagged copies: :func:`example_stages` and a batcher, or, for
+    """A worker's batches of tagged copies over its tagged reads ``node``: for
     ``before_augment`` at a fixed factor, the one node that echoes, mixes, copies and augments
-    a batch at a time (:mod:`dataecho.loader.example_batches`)."""
+    a batch at a time (:mod:`dataecho.loader.example_batches`); else the stages in
+    ``opts.where``'s order and a batcher.
+
+    ``per_example``: the transform run on each item (the user's or the dataset's), or None.
+    ``length``: the items the worker reads this epoch (see :func:`echo_stage`).
+    """
+    copy = copies_can_alias(opts, collate_fn, per_example is not None)
     if opts.where == "before_augment" and not opts.adaptive:
-        copy = copies_can_alias(opts, collate_fn, per_example is not None)
         return ExampleBatches(
             node, cast(float, opts.echo_factor), batch_size=opts.batch_size,
             shuffle_buffer=opts.shuffle_buffer, transform=per_example, seed=seed(STAGE_ECHO),
             copy=copy, length=length,
         )  # fmt: skip
-    stages = example_stages(node, opts, seed, per_example=per_example, collate_fn=collate_fn,
-                            length=length)  # fmt: skip
+
+    def transform(n: BaseNode[Any]) -> BaseNode[Any]:
+        return n if per_example is None else Mapper(n, OnItem(per_example))
+
+    def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
+        if opts.echoes:
+            n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=length)
+        if opts.shuffle_buffer > 1:
+            n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
+        return n
+
+    if opts.where == "before_augment":  # with "auto": a fixed factor returned above
+        stages = transform(echo_and_shuffle(node))
+    elif opts.where == "after_augment":
+        stages = echo_and_shuffle(transform(node))
+    else:  # "batch" or "device": whole batches are echoed in the main process
+        stages = transform(node)
     return Batcher(stages, opts.batch_size, drop_last=False)
 
 
