@@ -1,4 +1,5 @@
-"""The loader's checkpoint: ``state_dict`` / ``load_state_dict`` and the position they hold.
+"""The loader's checkpoint: ``state_dict`` / ``load_state_dict``, the position they hold, and
+the epoch a loaded position continues (``epoch``, ``next_epoch``, ``set_epoch``).
 
 A state names the epoch, the position in it (the main-process chain's root state, which holds
 the workers', and the batches handed out), the seed, the counts and, with a sampler, the order
@@ -14,6 +15,8 @@ from typing import Any
 
 import torch
 
+from dataecho import _validate
+from dataecho.errors import DataechoValueError
 from dataecho.loader.epoch_iterator import EpochIterator
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.pipeline import PipelineDataset
@@ -23,7 +26,8 @@ from dataecho.stages import EchoStats
 
 
 class LoaderCheckpoint:
-    """``state_dict`` / ``load_state_dict`` of ``EchoingDataLoader`` (a base class of it)."""
+    """``state_dict`` / ``load_state_dict`` and the epoch properties of ``EchoingDataLoader``
+    (a base class of it)."""
 
     dataset: Any
     options: LoaderOptions
@@ -44,6 +48,55 @@ class LoaderCheckpoint:
 
     def __len__(self) -> int:  # batches per epoch
         raise NotImplementedError
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being (or last) iterated; -1 before the first; ``e - 1`` after
+        ``set_epoch(e)`` until the next ``iter()`` starts epoch ``e``."""
+        return self._epoch
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``iter()`` runs: ``epoch + 1``, or ``epoch`` while a position
+        loaded by ``load_state_dict`` has batches of it left (its state's ``"next_epoch"``),
+        or what ``set_epoch`` asked for."""
+        if self._resume is None:
+            return self._epoch + 1
+        asked = self._resume_asked
+        return int(self._resume["next_epoch"]) if asked is None else asked
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run epoch ``epoch``, whose order, echo draws and
+        augmentations come from the seed and the epoch, as a sampler's ``set_epoch`` does.
+        Frameworks that count epochs themselves (HF ``Trainer``) call it before each one.
+
+        Without it the next ``iter()`` runs ``loader.next_epoch``. A position loaded by
+        ``load_state_dict`` in epoch ``p`` is kept: ``set_epoch(p)`` continues it (nothing is
+        left of it at the epoch's end), and so does ``set_epoch(p + 1)`` when that position is
+        the end of epoch ``p`` (a checkpoint taken after its last batch; otherwise the first
+        ``next()`` raises). An epoch being iterated ends, as a new ``iter()`` ends it
+        (frameworks keep the iterator of an epoch they cut at ``len(loader)``): its ``next()``
+        raises ``RuntimeError``.
+        """
+        epoch = _validate.non_negative_int(epoch, name="epoch", hint="epochs count from 0")
+        it = self._iterator
+        if it is not None and it.started:
+            it.supersede()
+            self._current = None
+        if self._resume is not None:
+            resumed = self._epoch
+            if epoch not in (resumed, resumed + 1):
+                raise DataechoValueError(
+                    f"set_epoch({epoch}) on a loader that holds a loaded position in epoch "
+                    f"{resumed}: set_epoch({resumed}) continues it (set_epoch({resumed + 1}) if "
+                    f"it was saved after the epoch's last batch); to start epoch {epoch} "
+                    "instead, use a new loader"
+                )
+            self._resume_asked = epoch
+            return
+        # A dropped iterator's position belongs to the epoch being left.
+        self._dropped = None
+        self._epoch = epoch - 1
 
     def _live_position(self) -> dict[str, Any] | None:
         """The epoch in progress (live or dropped mid-epoch): its root's state and the batches

@@ -27,7 +27,6 @@ from torch.utils.data import Sampler, default_collate
 from torchdata.nodes import BaseNode
 
 from dataecho import _validate
-from dataecho.errors import DataechoValueError
 from dataecho.loader.chains import (
     MAIN_PROCESS,
     batch_stages,
@@ -238,54 +237,22 @@ class EchoingDataLoader(LoaderCheckpoint):
         self._resume_asked: int | None = None
         self._checked_copies = False  # whether the identical-copies warning was considered
 
-    @property
-    def epoch(self) -> int:
-        """The epoch being (or last) iterated; -1 before the first; ``e - 1`` after
-        ``set_epoch(e)`` until the next ``iter()`` starts epoch ``e``."""
-        return self._epoch
-
-    @property
-    def next_epoch(self) -> int:
-        """The epoch the next ``iter()`` runs: ``epoch + 1``, or ``epoch`` while a position
-        loaded by ``load_state_dict`` has batches of it left (its state's ``"next_epoch"``),
-        or what ``set_epoch`` asked for."""
-        if self._resume is None:
-            return self._epoch + 1
-        asked = self._resume_asked
-        return int(self._resume["next_epoch"]) if asked is None else asked
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run epoch ``epoch``, whose order, echo draws and
-        augmentations come from the seed and the epoch, as a sampler's ``set_epoch`` does.
-        Frameworks that count epochs themselves (HF ``Trainer``) call it before each one.
-
-        Without it the next ``iter()`` runs ``loader.next_epoch``. A position loaded by
-        ``load_state_dict`` in epoch ``p`` is kept: ``set_epoch(p)`` continues it (nothing is
-        left of it at the epoch's end), and so does ``set_epoch(p + 1)`` when that position is
-        the end of epoch ``p`` (a checkpoint taken after its last batch; otherwise the first
-        ``next()`` raises). An epoch being iterated ends, as a new ``iter()`` ends it
-        (frameworks keep the iterator of an epoch they cut at ``len(loader)``): its ``next()``
-        raises ``RuntimeError``.
-        """
-        epoch = _validate.non_negative_int(epoch, name="epoch", hint="epochs count from 0")
+    def drain(self) -> bool:
+        """End the run's reading here, for a stop at a budget of fresh examples: with
+        ``where="device"`` and a pool (``shuffle_buffer`` > 1), the batches that follow hold
+        only the copies still due of the examples already delivered (counted fresh), so each
+        is trained on as often as the factor says; then the iteration stops without ending
+        the epoch, and ``state_dict()`` keeps the examples never delivered, for a resumed run.
+        Returns False, changing nothing, where no pool holds copies back (an epoch under way
+        is needed: call it between batches)."""
         it = self._iterator
-        if it is not None and it.started:
-            it.supersede()
-            self._current = None
-        if self._resume is not None:
-            resumed = self._epoch
-            if epoch not in (resumed, resumed + 1):
-                raise DataechoValueError(
-                    f"set_epoch({epoch}) on a loader that holds a loaded position in epoch "
-                    f"{resumed}: set_epoch({resumed}) continues it (set_epoch({resumed + 1}) if "
-                    f"it was saved after the epoch's last batch); to start epoch {epoch} "
-                    "instead, use a new loader"
-                )
-            self._resume_asked = epoch
-            return
-        # A dropped iterator's position belongs to the epoch being left.
-        self._dropped = None
-        self._epoch = epoch - 1
+        return it is not None and it.drain()
+
+    @property
+    def drained(self) -> bool:
+        """Whether a :meth:`drain` has emitted every copy it owed."""
+        it = self._iterator
+        return it is not None and it.drained
 
     def __len__(self) -> int:
         """Batches one epoch yields, the same every epoch: for a map-style dataset, exact at a

@@ -88,7 +88,7 @@ class EpochIterator:
                 "workers belong to it); iterate the newest iterator, or use a second loader for "
                 "a second stream"
             )
-        if self.finished:
+        if self.finished or self.drained:  # drained: the epoch is not over, its state says where
             raise StopIteration
         stats = self.stats
         start, worked = time.perf_counter(), self._work_seconds()
@@ -128,6 +128,18 @@ class EpochIterator:
         self.yielded += 1
         stats.examples_out += batch_length(batch)
         return batch
+
+    def drain(self) -> bool:
+        """Start the counting pool's drain (:meth:`~dataecho.stages.MixExamples.drain`); False
+        where fresh examples are not counted by a pool's first deliveries (nothing changes)."""
+        if self._workers is None or not self._workers.counted_downstream:
+            return False
+        self._counting.drain()
+        return True
+
+    @property
+    def drained(self) -> bool:
+        return self._counting is not None and getattr(self._counting, "drained", False)
 
     def position(self) -> dict[str, Any]:
         """Where this started epoch is: its root's state and the batches handed out."""

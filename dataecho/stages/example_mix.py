@@ -16,6 +16,8 @@ With ``numbered=True`` the source's items are ``(n, batch)``: ``n`` numbers the 
 copy came from (:class:`dataecho.loader.numbered.Numbered` before the echo stage), and
 :attr:`MixExamples.first_deliveries` counts the examples whose first copy has left the pool,
 so a loader counts an example fresh when it is first trained on (host bookkeeping as well).
+:meth:`MixExamples.drain` then ends a run at a budget of fresh examples with every copy of
+the examples delivered so far trained on, and none of those not yet delivered.
 """
 
 from __future__ import annotations
@@ -110,10 +112,17 @@ class MixExamples(Stage[Any]):
         self._undelivered: set[int] = set()
         self._newest = 0  # the highest batch number seen: a lower one is a copy
         self.first_deliveries = 0  # this epoch's examples whose first copy left the pool
+        self._draining = False  # drain(): only the held copies of delivered examples are drawn
+        self._aside = np.zeros(0, dtype=np.int64)  # draining: slots of undelivered examples
 
     @property
     def _pooled(self) -> int:
         return self._count
+
+    def __next__(self) -> Any:
+        if self.drained:  # not the epoch's end: the state keeps the examples set aside
+            raise StopIteration
+        return super().__next__()
 
     def next(self) -> Any:
         start, waited = time.perf_counter(), self.stats.wait_seconds
@@ -124,18 +133,20 @@ class MixExamples(Stage[Any]):
 
     def _next(self) -> Any:
         sizes = self._sizes
-        while not self._exhausted and (not sizes or self._pooled < self.buffer_size + sizes[0]):
-            try:
-                item = self._pull()
-            except StopIteration:
-                self._exhausted = True
+        while (
+            not self._draining
+            and not self._exhausted
+            and (not sizes or self._pooled < self.buffer_size + sizes[0])
+        ):
+            if not self._take():
                 break
-            self.stats.fresh_items += 1
-            number, batch = item if self.numbered else (0, item)
-            self._add(number, batch)
-        if not sizes:
+        if not sizes or self.drained:
             raise StopIteration
-        size = sizes.popleft()
+        size = min(sizes[0], self._count)  # draining: the last batch may be short
+        if size == sizes[0]:
+            sizes.popleft()
+        else:  # the rest of that size is due once the examples set aside come back
+            sizes[0] -= size
         self._follow_device()
         positions = draw_distinct(self._generator(), self._count, size, self._owner)
         picked = self._held[positions]
@@ -150,6 +161,48 @@ class MixExamples(Stage[Any]):
         self.stats.items_out += 1
         assert self._layout is not None  # a size was queued, so _add has run and set it
         return self._layout.from_words(out)
+
+    def _take(self) -> bool:
+        """Pool the source's next item; False at its end."""
+        try:
+            item = self._pull()
+        except StopIteration:
+            self._exhausted = True
+            return False
+        self.stats.fresh_items += 1
+        number, batch = item if self.numbered else (0, item)
+        self._add(number, batch)
+        return True
+
+    def drain(self) -> None:
+        """Read nothing fresh any more: pool the copies the source still owes of what it has
+        read (its ``copies_due``: an echo stage's), then emit only the pooled copies of examples
+        already delivered, until :attr:`drained`. The examples not yet delivered are set aside,
+        undrawn but kept in the state, so a run resumed from it delivers them as usual.
+        Only with ``numbered`` (which examples were delivered is known only then)."""
+        if not self.numbered:
+            raise DataechoValueError(
+                "drain() needs numbered=True: only then does the pool know which examples it "
+                "has delivered; build the stage with numbered=True"
+            )
+        if self._draining:
+            return
+        while getattr(self.source, "copies_due", 0) > 0 and self._take():
+            pass
+        self._draining = True
+        if self._layout is None:  # nothing pooled yet
+            return
+        held = self._held[: self._count]
+        aside = np.isin(self._example[held], np.fromiter(self._undelivered, np.int64))
+        self._aside = held[aside]
+        kept = held[~aside]
+        self._held[: len(kept)] = kept
+        self._count = len(kept)
+
+    @property
+    def drained(self) -> bool:
+        """Draining, and no delivered example's copy is left to emit."""
+        return self._draining and self._count == 0
 
     def _add(self, number: int, batch: Any) -> None:
         if self._layout is None:
@@ -222,13 +275,14 @@ class MixExamples(Stage[Any]):
 
     def _get_stage_state(self) -> dict[str, Any]:
         pool = None if self._layout is None else self._layout.from_words(self._slots)
+        held = np.concatenate([self._held[: self._count], self._aside])  # a drain's too
         return {
             "pool": None if pool is None else map_tensors(pool, lambda t: t.clone()),
-            "held": torch.from_numpy(self._held[: self._count].copy()),
+            "held": torch.from_numpy(held),
             "free": torch.from_numpy(self._free.copy()),
             "sizes": list(self._sizes),
             "exhausted": self._exhausted,
-            "examples": torch.from_numpy(self._example[self._held[: self._count]]),
+            "examples": torch.from_numpy(self._example[held]),
             "undelivered": torch.tensor(sorted(self._undelivered), dtype=torch.int64),
             "newest": self._newest,
             "first_deliveries": self.first_deliveries,

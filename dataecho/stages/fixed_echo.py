@@ -112,6 +112,11 @@ class Echo(Stage[T]):
         self._unseen, self._extra_left = unseen - 1, left - int(extra)
         return extra
 
+    @property
+    def copies_due(self) -> int:
+        """Copies of the item last read still to emit."""
+        return self._remaining
+
     def next(self) -> T:
         if self._remaining == 0:
             self._pending = self._pull()

@@ -387,3 +387,12 @@ def test_a_missing_cuda_device_is_refused_before_anything_runs_naming_the_fix(ti
     assert logs == []
     with pytest.raises(ValueError, match="CUDA is not available here"):  # before any rank starts
         train(tiny(device="cuda:1", nproc=2), log=logs.append)
+
+
+def test_a_device_run_stopped_at_its_budget_trains_every_counted_example_e_times(tiny):
+    # The pool (8 batches' worth) holds copies of examples already trained on when the budget
+    # is spent; they are trained on before the run stops, and nothing fresh is read for that.
+    result = train(tiny(echo_factor=4, where="device", budget=640, shuffle_buffer=512), log=quiet)
+    assert 640 <= result.fresh_examples < 640 + 64
+    assert result.echoed_examples == 3 * result.fresh_examples
+    assert result.realized_factor == 4.0

@@ -208,3 +208,40 @@ def test_the_pool_cost_per_batch_does_not_grow_with_the_pool():
 
     small, large = calls(2), calls(64)
     assert large <= small, (small, large)
+
+
+def numbered_copies(n: int, size: int, factor: int):
+    """Batches numbered from 1 as the loader numbers fresh batches, each echoed ``factor``
+    times: what a numbered pool reads."""
+    return echo(list(enumerate(batches(n, size), 1)), factor, seed=0)
+
+
+def test_a_drain_emits_the_copies_due_of_delivered_examples_and_a_resume_the_rest():
+    def make():
+        return mix_examples(numbered_copies(64, 8, 4), 40, seed=1, numbered=True)
+
+    node = make()
+    head = [next(node) for _ in range(6)]
+    delivered = set(ids(head))
+    assert node.first_deliveries == len(delivered) < 64
+    node.drain()
+    tail = list(node)
+    assert node.drained and tail
+    # Every copy of each example delivered before the drain, and no other example.
+    assert collections.Counter(ids(head + tail)) == {i: 4 for i in delivered}
+    assert node.first_deliveries == len(delivered)
+    assert [len(y) for _, y in tail[:-1]] == [8] * (len(tail) - 1)
+    # The examples set aside are in the state: resumed, the epoch goes on with them.
+    resumed = make()
+    resumed.reset(node.state_dict())
+    rest = list(resumed)
+    assert collections.Counter(ids(head + tail + rest)) == {i: 4 for i in range(64)}
+    assert resumed.first_deliveries == 64
+    assert sum(len(y) for _, y in head + tail + rest) == 4 * 64
+
+
+def test_a_drain_needs_the_numbers_that_tell_delivered_examples():
+    node = mix_examples(echo(batches(16, 4), 2, seed=0), 8, seed=0)
+    next(node)
+    with pytest.raises(ValueError, match="numbered=True"):
+        node.drain()

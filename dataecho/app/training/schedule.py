@@ -27,10 +27,19 @@ from dataecho.app.upstream import Data
 from dataecho.loader import EchoingDataLoader
 
 
-def at_limit(cfg: TrainConfig, run: RunCounters, world: int = 1) -> bool:
-    """The budget of fresh examples spent, or ``max_steps`` taken (mean steps per rank)."""
-    steps = run.global_steps // world
-    return run.fresh >= cfg.budget or (cfg.max_steps is not None and steps >= cfg.max_steps)
+def at_limit(
+    cfg: TrainConfig, run: RunCounters, world: int = 1, loader: EchoingDataLoader | None = None
+) -> bool:
+    """``max_steps`` taken (mean steps per rank), or the budget of fresh examples spent: in
+    one process with ``loader``, once the copies it still owes of the examples trained on are
+    trained on too (a pool's drain: :meth:`EchoingDataLoader.drain`), so a budget stop trains
+    every counted example as often as the factor says. Ranks stop at the budget itself: they
+    would drain unequal numbers of batches."""
+    if cfg.max_steps is not None and run.global_steps // world >= cfg.max_steps:
+        return True
+    if run.fresh < cfg.budget:
+        return False
+    return loader is None or world > 1 or not loader.drain() or loader.drained
 
 
 def count_exchange(cfg: TrainConfig, run: RunCounters, summed: Control) -> None:
@@ -65,7 +74,7 @@ def run_evaluations(
     line; its rows get ``extra()``'s keys, and a target it reaches is voted at the next
     exchange (:func:`count_exchange`) so that every rank stops at the same one.
     """
-    limit = at_limit(cfg, run, world)
+    limit = at_limit(cfg, run, world, loader)
     due = run.fresh >= run.next_eval or limit
     if due:
         run.next_eval = (run.fresh // cfg.eval_every + 1) * cfg.eval_every
