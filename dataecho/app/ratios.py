@@ -5,9 +5,10 @@
 
 Three ratios, against the first run without echo (the baseline), each with its target:
 
-- ``auto``'s **fresh-example rate kept**: its fresh examples per wall second of the whole run
-  (evaluations included) over the baseline's. Adaptive echoing promises never to slow the
-  upstream, so 1 is the ideal.
+- ``auto``'s **fresh-example rate kept**: the examples it read from upstream per wall second of
+  the whole run (evaluations included) over the baseline's. Adaptive echoing promises never to
+  slow the upstream, so 1 is the ideal. Read, not only trained on: at the stop a pool still
+  holds examples read whose first copy it has not emitted (``TrainResult.read_examples``).
 - every echoed run's **wall gain / fresh gain**: the speedup in wall time to the target over
   the speedup in fresh examples to it. Echoing saves fresh examples; the wall time follows
   only as far as the pipeline keeps up, so this is the pipeline's efficiency (1: all of it).
@@ -29,7 +30,8 @@ WALL_OVER_FRESH_TARGET = 0.95
 TIME_MODEL_TARGET = 0.95
 
 FRESH_RATE_DEFINITION = (
-    "fresh examples per wall second of the whole run (evaluations included), over the no-echo run's"
+    "examples read from upstream per wall second of the whole run (evaluations included), over "
+    "the no-echo run's"
 )
 WALL_OVER_FRESH_DEFINITION = (
     "speedup in wall seconds to the target over the speedup in fresh examples to it"
@@ -89,4 +91,4 @@ def ratios(results: Sequence[Any], rows: Sequence[Any], ratio: float | None) -> 
 
 
 def _fresh_rate(result: Any) -> float | None:
-    return result.fresh_examples / result.wall_seconds if result.wall_seconds > 0 else None
+    return result.read_examples / result.wall_seconds if result.wall_seconds > 0 else None

@@ -121,6 +121,7 @@ class EpochIterator:
             handed = handed_on(self._counting)
             if self._workers.counted_downstream:  # examples, as the pool first delivered them
                 stats.fresh_examples += handed - self._settled
+                stats.waiting_items = self._counting.waiting
             else:  # batches: their counts wait in the workers node
                 self._workers.settle(handed - self._settled)
             self._settled = handed

@@ -200,6 +200,11 @@ class MixExamples(Stage[Any]):
         self._count = len(kept)
 
     @property
+    def waiting(self) -> int:
+        """Fresh examples pooled whose first copy has not left yet (``numbered``; else 0)."""
+        return len(self._undelivered)
+
+    @property
     def drained(self) -> bool:
         """Draining, and no delivered example's copy is left to emit."""
         return self._draining and self._count == 0

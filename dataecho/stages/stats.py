@@ -43,6 +43,10 @@ class EchoStats:
     """Time the consumer's thread spent on the loader's own work on each batch (loader only:
     ``device_transform`` on every copy with where="device"); not a wait, not in
     ``wait_seconds``."""
+    waiting_items: int
+    """Fresh items read and held back, not yet emitted once (loader only: the examples waiting
+    in the device's pool with where="device"; 0 elsewhere). With ``fresh_items``, the items
+    read: an item counts fresh at its first emission."""
     unit: str
     """What the item counters count: "examples" or "batches". Not part of the state: it
     follows from the source, and a checkpoint holds numbers only."""
@@ -55,6 +59,7 @@ class EchoStats:
         wait_seconds: float = 0.0,
         stall_seconds: float = 0.0,
         work_seconds: float = 0.0,
+        waiting_items: int = 0,
         *,
         unit: str = "examples",
         fresh_examples: int | None = None,
@@ -68,7 +73,7 @@ class EchoStats:
         self.unit = unit
         self.fresh_items, self.items_out, self.batches = fresh_items, items_out, batches
         self.wait_seconds, self.stall_seconds = wait_seconds, stall_seconds
-        self.work_seconds = work_seconds
+        self.work_seconds, self.waiting_items = work_seconds, waiting_items
         if fresh_examples is not None:
             self.fresh_examples = fresh_examples  # the unit's name: warns for batches
         if examples_out is not None:
@@ -155,6 +160,7 @@ _COUNTERS = (
     "wait_seconds",
     "stall_seconds",
     "work_seconds",
+    "waiting_items",
 )
 
 

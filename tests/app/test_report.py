@@ -53,6 +53,11 @@ class Result:
     history: list[dict[str, float]] = field(default_factory=list)
     skipped_records: int = 0
     worker_ms_per_fresh_batch: float | None = None
+    waiting_examples: int = 0
+
+    @property
+    def read_examples(self) -> int:
+        return self.fresh_examples + self.waiting_examples
 
 
 def curve(points, factor):

@@ -396,3 +396,5 @@ def test_a_device_run_stopped_at_its_budget_trains_every_counted_example_e_times
     assert 640 <= result.fresh_examples < 640 + 64
     assert result.echoed_examples == 3 * result.fresh_examples
     assert result.realized_factor == 4.0
+    # Read, in whole batches of 64: those counted and those the pool still holds, untrained.
+    assert result.waiting_examples > 0 and result.read_examples % 64 == 0

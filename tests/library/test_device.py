@@ -395,15 +395,20 @@ def test_through_the_pool_an_example_counts_fresh_when_its_first_copy_is_deliver
         return device_loader(40, echo_factor=factor, shuffle_buffer=12, num_workers=num_workers,
                              shuffle=True, device_transform=Jitter())  # fmt: skip
 
-    loader, seen = make(), set()
+    loader, seen, waited = make(), set(), False
     it = iter(loader)
     head = []
     for batch in it:
         head.append(batch)
         seen |= set(labels([batch]))
         assert loader.stats.fresh_examples == len(seen)  # not the examples still in the pool
+        # Those are waiting: with them, the examples read, in whole fresh batches of 4.
+        read = loader.stats.fresh_examples + loader.stats.waiting_items
+        assert read % 4 == 0 and read >= len(seen)
+        waited = waited or read > len(seen)
         if len(head) == 9:
             break
+    assert waited
     state = loader.state_dict()
     loader.close()
     resumed = make()
@@ -412,6 +417,7 @@ def test_through_the_pool_an_example_counts_fresh_when_its_first_copy_is_deliver
         seen |= set(labels([batch]))
         assert resumed.stats.fresh_examples == len(seen)
     assert seen == set(range(40)) and resumed.stats.fresh_examples == 40
+    assert resumed.stats.waiting_items == 0
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])

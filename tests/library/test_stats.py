@@ -30,6 +30,7 @@ def test_derived_figures() -> None:
         "wait_seconds": 0.0,
         "stall_seconds": 0.0,
         "work_seconds": 0.0,
+        "waiting_examples": 0,
         "realized_factor": 2.5,
         "echoed_examples": 6,
     }
@@ -188,7 +189,7 @@ def test_a_state_names_the_item_counters_in_their_unit() -> None:
     assert EchoStats(3, 6) == EchoStats(fresh_examples=3, examples_out=6)  # positional as before
     # Saved now, a batch-counting stage names its counters in batches; the loader in examples.
     assert set(t.state_dict()) == {"fresh_batches", "batches_out", "batches", "wait_seconds",
-                                   "stall_seconds", "work_seconds"}  # fmt: skip
+                                   "stall_seconds", "work_seconds", "waiting_batches"}  # fmt: skip
     assert EchoStats(3, 6).state_dict()["fresh_examples"] == 3
     u = EchoStats(unit="batches")
     u.load_state_dict(t.state_dict())

@@ -28,7 +28,7 @@ class TrainResult:
     config: TrainConfig
     test_accuracy: float | None  # cnn: whole test set, at the end (None for char-lm)
     test_loss: float  # cross-entropy on the whole test (cnn) / validation (char-lm) split
-    fresh_examples: int  # read from upstream
+    fresh_examples: int  # read from upstream and trained on (counted at the first copy)
     echoed_examples: int  # extra copies trained on
     steps: int
     wall_seconds: float  # evaluations and checkpoints included (module docstring)
@@ -44,9 +44,16 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # training loss of every step
     skipped_records: int = 0  # bad shard records skipped (on_bad_record="skip"), all workers
+    # Read but not yet trained on at the end: the examples waiting in the device's pool.
+    waiting_examples: int = 0
     # CPU seconds of this process's loader workers over the run (counted as they end); None
     # where the platform does not count child processes.
     worker_cpu_seconds: float | None = None
+
+    @property
+    def read_examples(self) -> int:
+        """Examples read from upstream: the fresh ones and those still waiting."""
+        return self.fresh_examples + self.waiting_examples
 
     @property
     def worker_ms_per_fresh_batch(self) -> float | None:
@@ -209,6 +216,7 @@ def train_result(
         history=history,
         losses=losses,
         skipped_records=skipped_records(loader),
+        waiting_examples=s.waiting_items,
         worker_cpu_seconds=worker_cpu_seconds,
     )
 
