@@ -119,6 +119,10 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="read the shards through the storage emulation, not nginx (automatic without it)")
     add("--budget", type=Int(1).argparse_type("--budget"), default=None, metavar="N",
         help=f"fresh examples per run at most (default: {Plan.budget:,})")
+    add("--shuffle-batches", type=Int(0).argparse_type("--shuffle-batches"),
+        default=SHUFFLE_BATCHES, metavar="N",
+        help="the echoed runs' shuffle buffer (with --where device, its mixing pool), in "
+        "batches' worth (default: %(default)s; docs/demo.md compares 10 and 40)")
     add("--seed", type=_SEED, default=0, metavar="N")
     add("--augment-pad", type=Int(0).argparse_type("--augment-pad"), default=2, metavar="N",
         help="random shift of up to N pixels in the augmentation (default: %(default)s); "
@@ -211,7 +215,7 @@ def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> l
     """No echo, the fixed factor and auto, alike in all else; copies get a shuffle buffer."""
     # Spreads copies apart (Choi et al.); where=batch's buffer holds whole batches, the others
     # (the device's mixing too) hold examples.
-    shuffle = SHUFFLE_BATCHES * (1 if args.where == "batch" else plan.batch_size)
+    shuffle = args.shuffle_batches * (1 if args.where == "batch" else plan.batch_size)
     common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
                   budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,

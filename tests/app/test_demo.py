@@ -214,3 +214,20 @@ def test_bad_where_is_a_usage_error(capsys):
         main(["demo", "--where", "gpu"])
     assert exc.value.code == 2
     assert "--where: invalid choice: 'gpu'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["device", "batch"])
+def test_shuffle_batches_sizes_the_echoed_runs_buffer_in_batches_worth(where):
+    parser = argparse.ArgumentParser()
+    add_demo_arguments(parser)
+    args = parser.parse_args(["--where", where, "--shuffle-batches", "40"])
+    configs = _configs("http://127.0.0.1:1", QUICK, args, target=0.3)
+    per_batch = 1 if where == "batch" else QUICK.batch_size
+    assert [c.shuffle_buffer for c in configs] == [0, 40 * per_batch, 40 * per_batch]
+
+
+def test_a_negative_shuffle_batches_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--shuffle-batches", "-1"])
+    assert exc.value.code == 2
+    assert "--shuffle-batches" in capsys.readouterr().err
