@@ -152,8 +152,8 @@ class TrainConfig:
     )
     budget: int | None = _opt(
         None, Int(1, none="default"), "stopping",
-        "stop after this many fresh examples (in one process with --where device and a "
-        "pool, once the copies it holds of the examples trained on are trained on too)",
+        "stop after this many fresh examples (in one process with --where batch or device, "
+        "once the copies still due of those examples are trained on too)",
     )  # fmt: skip
     max_steps: int | None = _opt(
         None, Int(1, none="off"), "stopping", "stop after this many steps (default: no limit)"

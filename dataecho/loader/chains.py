@@ -167,6 +167,15 @@ def batch_stages(
     return root, counting
 
 
+def drain_stage(root: Any) -> Any:
+    """The stage where a drain of the main-process chain ``root`` starts
+    (:meth:`~dataecho.loader.echoing_loader.EchoingDataLoader.drain`): its last stage that
+    holds copies back (the device's pool, a shuffle buffer, an echo stage), if it can drain;
+    else None (the copies wait in the workers, or "auto" reuses what it has)."""
+    node = root.source if isinstance(root, DeviceTransform) else root
+    return node if callable(getattr(node, "drain", None)) else None
+
+
 def copies_can_alias(
     opts: LoaderOptions, collate_fn: Callable[[list[Any]], Any], transforms_examples: bool
 ) -> bool:

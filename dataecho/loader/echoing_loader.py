@@ -238,13 +238,15 @@ class EchoingDataLoader(LoaderCheckpoint):
         self._checked_copies = False  # whether the identical-copies warning was considered
 
     def drain(self) -> bool:
-        """End the run's reading here, for a stop at a budget of fresh examples: with
-        ``where="device"`` and a pool (``shuffle_buffer`` > 1), the batches that follow hold
-        only the copies still due of the examples already delivered (counted fresh), so each
-        is trained on as often as the factor says; then the iteration stops without ending
-        the epoch, and ``state_dict()`` keeps the examples never delivered, for a resumed run.
-        Returns False, changing nothing, where no pool holds copies back (an epoch under way
-        is needed: call it between batches)."""
+        """End the run's reading here, for a stop at a budget of fresh examples: the batches
+        that follow hold only the copies still due of the examples already counted fresh (the
+        echo stage's, a shuffle buffer's, the device's pool's), so each is trained on as often
+        as the factor says; then iteration stops without ending the epoch, and ``state_dict()``
+        keeps what was not delivered, for a resumed run. Where copies wait in the main
+        process: ``where="batch"`` or ``"device"`` (not "auto" without a buffer, which reuses
+        rather than owes). Returns False, changing nothing, elsewhere (the copies wait in the
+        workers) and before an epoch has started: call it between batches.
+        """
         it = self._iterator
         return it is not None and it.drain()
 

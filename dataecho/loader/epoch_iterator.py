@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
-from dataecho.loader.chains import close_chain, handed_on
+from dataecho.loader.chains import close_chain, drain_stage, handed_on
 from dataecho.loader.workers import WorkersNode
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
@@ -131,16 +131,18 @@ class EpochIterator:
         return batch
 
     def drain(self) -> bool:
-        """Start the counting pool's drain (:meth:`~dataecho.stages.MixExamples.drain`); False
-        where fresh examples are not counted by a pool's first deliveries (nothing changes)."""
-        if self._workers is None or not self._workers.counted_downstream:
+        """Start the chain's drain (:func:`~dataecho.loader.chains.drain_stage`); False where
+        it has none (nothing changes) or the epoch has not started."""
+        stage = drain_stage(self.root) if self.root is not None else None
+        if stage is None:
             return False
-        self._counting.drain()
+        stage.drain()
         return True
 
     @property
     def drained(self) -> bool:
-        return self._counting is not None and getattr(self._counting, "drained", False)
+        stage = drain_stage(self.root) if self.root is not None else None
+        return stage is not None and stage.drained
 
     def position(self) -> dict[str, Any]:
         """Where this started epoch is: its root's state and the batches handed out."""

@@ -68,13 +68,21 @@ class Stage(BaseNode[T], Generic[T]):
         return self
 
     def __next__(self) -> T:
-        if self._ended:  # until the next epoch starts (the source may not even be restored)
+        # Ended: until the next epoch starts (the source may not even be restored). Drained:
+        # not the epoch's end, which the state does not record.
+        if self._ended or self.drained:
             raise StopIteration
         try:
             return super().__next__()
         except StopIteration:
             self._ended = True
             raise
+
+    @property
+    def drained(self) -> bool:
+        """Whether a drain (a stage's ``drain()``: read nothing more, emit what is owed, for a
+        run that stops) has emitted all it owed; False for a stage without one."""
+        return False
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)

@@ -119,11 +119,6 @@ class MixExamples(Stage[Any]):
     def _pooled(self) -> int:
         return self._count
 
-    def __next__(self) -> Any:
-        if self.drained:  # not the epoch's end: the state keeps the examples set aside
-            raise StopIteration
-        return super().__next__()
-
     def next(self) -> Any:
         start, waited = time.perf_counter(), self.stats.wait_seconds
         try:

@@ -92,9 +92,11 @@ class Echo(Stage[T]):
         self._remaining = 0  # copies of _pending still to emit
         self._unseen: int | None = None  # items of the epoch not drawn for yet (None: unknown)
         self._extra_left = 0  # extra copies still to give among them
+        self._draining = False  # drain(): nothing more is read
 
     def _start_epoch(self) -> None:
         self._pending, self._copies, self._remaining = None, 0, 0
+        self._draining = False
         n = self.length if self.length is not None else known_length(self._sized)
         self._unseen = n
         self._extra_left = 0 if n is None else extra_copies(self.factor, n)
@@ -116,6 +118,15 @@ class Echo(Stage[T]):
     def copies_due(self) -> int:
         """Copies of the item last read still to emit."""
         return self._remaining
+
+    def drain(self) -> None:
+        """Read nothing more: emit the copies still due of the item last read, then stop
+        (:attr:`drained`) without ending the epoch."""
+        self._draining = True
+
+    @property
+    def drained(self) -> bool:
+        return self._draining and self._remaining == 0
 
     def next(self) -> T:
         if self._remaining == 0:

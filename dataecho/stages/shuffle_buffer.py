@@ -33,17 +33,31 @@ class Shuffle(Stage[T]):
         super().__init__(source, seed=_validate.seed(seed))
         self._buffer: list[Any] = []
         self._exhausted = False
+        self._draining = False  # drain(): nothing more is read
 
     def _start_epoch(self) -> None:
-        self._buffer, self._exhausted = [], False
+        self._buffer, self._exhausted, self._draining = [], False, False
+
+    def drain(self) -> None:
+        """Read nothing fresh: take the copies the source still owes of what it has read (its
+        ``copies_due``: an echo stage's), then emit the buffer's items until :attr:`drained`,
+        without ending the epoch."""
+        while not self._draining and getattr(self.source, "copies_due", 0) > 0:
+            self._buffer.append(self._pull())
+            self.stats.fresh_items += 1
+        self._draining = True
+
+    @property
+    def drained(self) -> bool:
+        return self._draining and not self._buffer
 
     def next(self) -> T:
-        if self.buffer_size <= 1:
+        if self.buffer_size <= 1 and not self._draining:
             item = self._pull()
             self.stats.fresh_items += 1
             self.stats.items_out += 1
             return item
-        while not self._exhausted and len(self._buffer) < self.buffer_size:
+        while not self._draining and not self._exhausted and len(self._buffer) < self.buffer_size:
             try:
                 self._buffer.append(self._pull())
                 self.stats.fresh_items += 1

@@ -443,12 +443,3 @@ def test_a_drain_trains_every_copy_of_the_counted_examples_and_a_resume_the_rest
     rest = list(resumed)
     assert collections.Counter(labels(head + tail + rest)) == {i: 4 for i in range(40)}
     assert resumed.stats.fresh_examples == 40
-
-
-def test_a_drain_changes_nothing_where_no_pool_holds_copies_back():
-    loader = device_loader(12, echo_factor=2, shuffle_buffer=0)
-    assert not loader.drain()  # no epoch under way
-    it = iter(loader)
-    first = next(it)
-    assert not loader.drain() and not loader.drained
-    assert collections.Counter(labels([first, *it])) == {i: 2 for i in range(12)}

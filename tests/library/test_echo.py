@@ -755,3 +755,17 @@ def test_echo_and_shuffle_name_the_functions() -> None:
     # The modules are fixed_echo and shuffle_buffer, so these names are only the functions.
     assert dataecho.stages.echo is fixed_echo.echo and callable(dataecho.stages.echo)
     assert dataecho.stages.shuffle is shuffle_buffer.shuffle
+
+
+def test_a_drain_emits_the_copies_due_of_the_last_item_and_a_resume_the_rest() -> None:
+    def make():
+        return echo(list(range(6)), 3, seed=0)
+
+    node = make()
+    head = [next(node) for _ in range(4)]  # item 1's first copy
+    node.drain()
+    tail = list(node)
+    assert node.drained and tail == [1, 1]
+    resumed = make()
+    resumed.reset(node.state_dict())
+    assert Counter(head + tail + list(resumed)) == {i: 3 for i in range(6)}

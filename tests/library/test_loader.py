@@ -888,3 +888,46 @@ def test_set_epoch_over_a_state_at_an_epochs_last_batch_names_the_epoch_the_next
     loader.load_state_dict(state)
     loader.set_epoch(1)
     assert loader.next_epoch == 1 and labels_of(loader) == expected[1] and loader.epoch == 1
+
+
+@pytest.mark.parametrize(("where", "buffer"), [("batch", 6), ("batch", 0), ("device", 0)])
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_drain_trains_every_copy_of_what_was_counted_fresh_and_a_resume_the_rest(
+    where, buffer, num_workers
+):
+    def make():
+        return EchoingDataLoader(Numbers(40), batch_size=4, echo_factor=3, where=where,
+                                 shuffle_buffer=buffer, num_workers=num_workers, shuffle=True,
+                                 seed=0)  # fmt: skip
+
+    def labels(batches):
+        return [int(y) for _, ys in batches for y in ys]
+
+    loader = make()
+    assert not loader.drain()  # no epoch under way: nothing to drain
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    assert loader.drain()
+    fresh = loader.stats.fresh_examples
+    tail = list(it)
+    assert loader.drained and loader.stats.fresh_examples == fresh < 40
+    counts = collections.Counter(labels(head + tail))
+    assert len(counts) == fresh and set(counts.values()) == {3}
+    state = loader.state_dict()
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert collections.Counter(labels(head + tail + rest)) == {i: 3 for i in range(40)}
+    assert resumed.stats.fresh_examples == 40
+
+
+@pytest.mark.parametrize("where", ["before_augment", "after_augment"])
+def test_a_drain_changes_nothing_where_the_copies_wait_in_the_workers(where):
+    loader = EchoingDataLoader(Numbers(12), batch_size=4, echo_factor=2, where=where,
+                               shuffle_buffer=4, seed=0, transform=lambda x: x)  # fmt: skip
+    it = iter(loader)
+    first = next(it)
+    assert not loader.drain() and not loader.drained
+    rest = [int(y) for _, ys in [first, *it] for y in ys]
+    assert collections.Counter(rest) == {i: 2 for i in range(12)}

@@ -174,3 +174,18 @@ def test_echo_then_shuffle_resumes_at_random_points(
         lambda: shuffle(echo(list(range(n)), factor, seed=seed), buffer_size, seed=seed + 1),
         positions=[k],
     )
+
+
+def test_a_drain_emits_the_buffer_and_the_copies_due_and_a_resume_the_rest() -> None:
+    def make():
+        return shuffle(echo(list(range(20)), 3, seed=0), 7, seed=1)
+
+    node = make()
+    head = [next(node) for _ in range(5)]  # 7 + 5 copies taken from the echo stage: 4 items
+    node.drain()
+    tail = list(node)
+    assert node.drained
+    assert Counter(head + tail) == {i: 3 for i in range(4)}  # every copy of what was read
+    resumed = make()
+    resumed.reset(node.state_dict())
+    assert Counter(head + tail + list(resumed)) == {i: 3 for i in range(20)}

@@ -31,10 +31,10 @@ def at_limit(
     cfg: TrainConfig, run: RunCounters, world: int = 1, loader: EchoingDataLoader | None = None
 ) -> bool:
     """``max_steps`` taken (mean steps per rank), or the budget of fresh examples spent: in
-    one process with ``loader``, once the copies it still owes of the examples trained on are
-    trained on too (a pool's drain: :meth:`EchoingDataLoader.drain`), so a budget stop trains
-    every counted example as often as the factor says. Ranks stop at the budget itself: they
-    would drain unequal numbers of batches."""
+    one process with ``loader``, once the copies it still owes of the examples counted are
+    trained on too (where it can drain: :meth:`EchoingDataLoader.drain`), so a budget stop
+    trains every counted example as often as the factor says. Ranks stop at the budget itself:
+    they would drain unequal numbers of batches."""
     if cfg.max_steps is not None and run.global_steps // world >= cfg.max_steps:
         return True
     if run.fresh < cfg.budget:
