@@ -418,28 +418,3 @@ def test_through_the_pool_an_example_counts_fresh_when_its_first_copy_is_deliver
         assert resumed.stats.fresh_examples == len(seen)
     assert seen == set(range(40)) and resumed.stats.fresh_examples == 40
     assert resumed.stats.waiting_items == 0
-
-
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_a_drain_trains_every_copy_of_the_counted_examples_and_a_resume_the_rest(num_workers):
-    def make():
-        return device_loader(40, echo_factor=4, shuffle_buffer=24, num_workers=num_workers,
-                             shuffle=True, device_transform=Jitter())  # fmt: skip
-
-    loader = make()
-    it = iter(loader)
-    head = [next(it) for _ in range(5)]
-    assert loader.drain()
-    fresh = loader.stats.fresh_examples
-    tail = list(it)
-    assert loader.drained and tail
-    assert loader.stats.fresh_examples == fresh < 40
-    assert collections.Counter(labels(head + tail)) == {i: 4 for i in set(labels(head))}
-    assert len(set(labels(head))) == fresh
-    state = loader.state_dict()
-    loader.close()
-    resumed = make()
-    resumed.load_state_dict(state)
-    rest = list(resumed)
-    assert collections.Counter(labels(head + tail + rest)) == {i: 4 for i in range(40)}
-    assert resumed.stats.fresh_examples == 40

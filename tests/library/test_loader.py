@@ -890,7 +890,9 @@ def test_set_epoch_over_a_state_at_an_epochs_last_batch_names_the_epoch_the_next
     assert loader.next_epoch == 1 and labels_of(loader) == expected[1] and loader.epoch == 1
 
 
-@pytest.mark.parametrize(("where", "buffer"), [("batch", 6), ("batch", 0), ("device", 0)])
+# On the device with a pool (24 examples), only the copies of examples already delivered.
+@pytest.mark.parametrize(("where", "buffer"),
+                         [("batch", 6), ("batch", 0), ("device", 0), ("device", 24)])  # fmt: skip
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_drain_trains_every_copy_of_what_was_counted_fresh_and_a_resume_the_rest(
     where, buffer, num_workers
