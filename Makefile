@@ -13,7 +13,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # nginx serves the demo's shards (read over HTTP by dataecho itself: no curl needed).
 SYSTEM_PACKAGES := dataset-fashion-mnist nginx-light
 
-.PHONY: demo test lint format system-packages bench clean
+.PHONY: demo test lint format system-packages bench compat clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ format: $(STAMP)
 
 bench: $(STAMP) system-packages
 	$(BIN)/python -m benchmarks adaptive
+
+# The library's tests under another torch (make compat TORCH=2.9.1): a throwaway venv with that
+# torch from the package index, dataecho without extras (torch must stay), the test tools; the
+# venv is deleted after. The README's install section shows the releases checked.
+compat: $(STAMP)
+	$(BIN)/python scripts/compat.py $(TORCH)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache
