@@ -15,7 +15,7 @@ Both return picklable objects (the loader sends the transform to its worker proc
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -142,12 +142,35 @@ class GuardedTransform:
         try:
             return self.transform(sample)
         except (TypeError, ValueError, AttributeError) as err:
-            # on_input already takes the sample apart: its errors are about the input itself.
-            structured = isinstance(sample, (tuple, list, Mapping))
-            if not structured or isinstance(self.transform, OnInput):
+            explained = self._explained(sample, err)
+            if explained is None:
                 raise
-            kind = next(k for k in _EXPLAINED if isinstance(err, k))
-            raise _EXPLAINED[kind](_explain(self.transform, sample, err)) from err
+            raise explained from err
+
+    def apply(self, samples: Iterable[Any]) -> list[Any]:
+        """``[self(s) for s in samples]``, without a call of this wrapper per sample (a batch's
+        worth of them cost more than an identity transform's own calls)."""
+        out: list[Any] = []
+        append, transform = out.append, self.transform
+        sample = None
+        try:
+            for sample in samples:
+                append(transform(sample))
+        except (TypeError, ValueError, AttributeError) as err:
+            explained = self._explained(sample, err)
+            if explained is None:
+                raise
+            raise explained from err
+        return out
+
+    def _explained(self, sample: Any, err: BaseException) -> SampleTransformError | None:
+        """The error to raise instead of ``err``, or None to let ``err`` pass unchanged."""
+        # on_input already takes the sample apart: its errors are about the input itself.
+        structured = isinstance(sample, (tuple, list, Mapping))
+        if not structured or isinstance(self.transform, OnInput):
+            return None
+        kind = next(k for k in _EXPLAINED if isinstance(err, k))
+        return _EXPLAINED[kind](_explain(self.transform, sample, err))
 
     def __repr__(self) -> str:
         return f"guard_transform({_name(self.transform)})"

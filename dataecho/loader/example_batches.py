@@ -4,10 +4,10 @@ Why one node: run as a chain of per-example nodes (echo, shuffle buffer, transfo
 every copy pays each node's call, a walk of its structure to copy it and a shuffle buffer's
 draw, about ten times what copying and collating the copy cost. Here a fresh example enters
 a pool as its copies' entries (references to the one original: nothing is copied yet); each
-batch takes its entries from the pool at once (a draw of the whole batch, O(batch), in numpy:
-:func:`dataecho.stages.example_mix.draw_distinct`), and only then is each taken entry copied,
-where it must be, and handed to the per-example transform. Per copy that leaves one copy and
-the transform's call.
+batch takes its entries from the pool at once (the pool is kept in random order, so a batch is
+its last entries: see :meth:`ExampleBatches._from_pool`), and only then is each taken entry
+copied, where it must be, and handed to the per-example transform. Per copy that leaves one
+copy and the transform's call.
 
 - **Counts**: exactly the echo stage's (:class:`~dataecho.stages.fixed_echo.Echo`, whose
   selection sampling and state this extends): every fresh example ``floor(factor)`` times, a
@@ -38,14 +38,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataecho.stages.copying import copy_items
-from dataecho.stages.example_mix import draw_distinct
+from dataecho.stages.copying import Plan, copy_items, copy_plan
 from dataecho.stages.fixed_echo import Echo
 from dataecho.stages.packing import pack, unpack
 from dataecho.stages.seeds import STAGE_SHUFFLE, derive_seed
+from dataecho.transforms import GuardedTransform
 
 # One pool entry: (read number, the original example, whether its copy must be a new object).
 Entry = tuple[int, Any, bool]
+_MIXED: Plan = ("mixed",)  # pooled originals of more than one copy plan
 
 
 class ExampleBatches(Echo[Any]):
@@ -70,9 +71,11 @@ class ExampleBatches(Echo[Any]):
         self.transform = transform
         self._entries: list[Entry] = []  # the pool (with a shuffle buffer)
         self._exhausted = False
-        self._owner = np.zeros(0, dtype=np.int64)  # draw_distinct's scratch, all -1
         self._draws: np.random.Generator | None = None
         self._saved_draws: dict[str, Any] | None = None  # a resumed state, until it is used
+        # How the pool's originals are copied (copy_plan, made as they enter, so a batch of
+        # their copies is not checked again); None: no original to copy pooled yet.
+        self._plan: Plan | None = None
 
     @property
     def mixing(self) -> bool:
@@ -83,6 +86,7 @@ class ExampleBatches(Echo[Any]):
         super()._start_epoch()
         self._entries, self._exhausted = [], False
         self._draws, self._saved_draws = None, None
+        self._plan = None
 
     def _read(self) -> tuple[Any, int] | None:
         """The next fresh tagged example and its number of copies; None at the source's end."""
@@ -99,13 +103,23 @@ class ExampleBatches(Echo[Any]):
         if not taken:
             raise StopIteration
         self.stats.items_out += len(taken)
+        numbers, items, new = zip(*taken, strict=True)
         # The copies made together (copy_items: one block, not an allocation per copy).
-        copies = iter(copy_items([x for _, x, new in taken if new]))
-        examples = [next(copies) if new else x for _, x, new in taken]
+        plan = self._plan if self.mixing and self._plan is not _MIXED else None
+        if all(new):  # every example echoed (an integer factor): copies only
+            examples = copy_items(list(items), plan)
+        elif any(new):
+            copied_ones = [x for x, copied in zip(items, new, strict=True) if copied]
+            copies = iter(copy_items(copied_ones, plan))
+            examples = [next(copies) if copied else x for x, copied in zip(items, new, strict=True)]
+        else:
+            examples = list(items)
         transform = self.transform
-        if transform is not None:
-            examples = [transform(x) for x in examples]
-        return list(zip([n for n, _, _ in taken], examples, strict=True))
+        if isinstance(transform, GuardedTransform):  # the user's: one call for the batch
+            examples = transform.apply(examples)
+        elif transform is not None:
+            examples = list(map(transform, examples))
+        return list(zip(numbers, examples, strict=True))
 
     def _in_order(self) -> list[Entry]:
         """The next batch's entries in the echo stage's order: each example's copies in a row."""
@@ -125,31 +139,49 @@ class ExampleBatches(Echo[Any]):
         return out
 
     def _from_pool(self) -> list[Entry]:
-        """The next batch's entries: a uniform draw from the pool, refilled first."""
+        """The next batch's entries: the pool's last, the pool refilled first.
+
+        The pool is kept in uniformly random order: each new entry goes to a uniformly random
+        place among those before it (an inside-out Fisher-Yates shuffle), so its last
+        ``batch_size`` entries are a uniform draw without replacement, in random order, and
+        taking them leaves the rest in random order. Per batch that is one numpy call and a
+        swap per new entry; nothing scans the pool.
+        """
         entries = self._entries
-        while not self._exhausted and len(entries) < self.shuffle_buffer + self.batch_size - 1:
+        have = len(entries)
+        added: list[Entry] = []
+        to_copy: list[Any] = []  # the originals whose copies must be new objects
+        while not self._exhausted and have + len(added) < self.shuffle_buffer + self.batch_size - 1:
             read = self._read()
             if read is not None:
                 (number, item), copies = read
-                entries += [(number, item, copies > 1 and self.copy)] * copies
+                new = copies > 1 and self.copy
+                added += [(number, item, new)] * copies
+                if new:
+                    to_copy.append(item)
+        if to_copy:
+            self._admit(to_copy)
+        if added:
+            entries += added
+            # j uniform in 0..i for the entry at i: floor(u * (i + 1)), u in [0, 1) (< i + 1).
+            bounds = np.arange(have + 1, len(entries) + 1)
+            places = (self._generator().random(len(added)) * bounds).astype(np.int64)
+            for i, j in enumerate(places.tolist(), start=have):
+                entries[i], entries[j] = entries[j], entries[i]
         size = min(self.batch_size, len(entries))
-        if size == 0:
-            return []
-        n = len(entries)
-        if len(self._owner) < n:
-            self._owner = np.full(2 * n, -1, dtype=np.int64)
-        positions = draw_distinct(self._generator(), n, size, self._owner)
-        taken = [entries[p] for p in positions.tolist()]
-        # The entries left over from the pool's tail move into the gaps: O(size), no scan.
-        tail = n - size
-        in_tail = positions >= tail
-        kept = np.ones(size, dtype=bool)
-        kept[positions[in_tail] - tail] = False
-        for gap, last in zip(positions[~in_tail].tolist(), (np.flatnonzero(kept) + tail).tolist(),
-                             strict=True):  # fmt: skip
-            entries[gap] = entries[last]
-        del entries[tail:]
+        taken = entries[len(entries) - size :]
+        del entries[len(entries) - size :]
+        if not entries:
+            self._plan = None
         return taken
+
+    def _admit(self, items: list[Any]) -> None:
+        """Originals to copy enter the pool: the pool's plan is theirs, unless they differ."""
+        plan = copy_plan(items)
+        if self._plan is None:
+            self._plan = plan
+        elif self._plan != plan:  # copies of both kinds: each batch's are checked anew
+            self._plan = _MIXED
 
     def _generator(self) -> np.random.Generator:
         if self._draws is None:
@@ -176,6 +208,7 @@ class ExampleBatches(Echo[Any]):
             "new": torch.tensor([new for _, _, new in self._entries], dtype=torch.bool),
             "exhausted": self._exhausted,
             "draws": self._saved_draws if self._draws is None else self._draws.bit_generator.state,
+            "random_order": True,  # the pool's order is random: a batch is its last entries
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
@@ -187,3 +220,12 @@ class ExampleBatches(Echo[Any]):
         ]
         self._exhausted = bool(state["exhausted"])
         self._draws, self._saved_draws = None, state["draws"]
+        if not state.get("random_order", False) and self._entries:
+            # A pool saved by a version that drew its batches from anywhere in it: put it in
+            # random order once, as taking the last entries needs.
+            order = self._generator().permutation(len(self._entries)).tolist()
+            self._entries = [self._entries[i] for i in order]
+        originals = {id(item): item for _, item, new in self._entries if new}
+        self._plan = None
+        if originals:
+            self._admit(list(originals.values()))

@@ -59,7 +59,7 @@ def _copy_leaf(item: Any) -> Any:
     return _copy.deepcopy(item)
 
 
-def copy_items(items: list[Any]) -> list[Any]:
+def copy_items(items: list[Any], plan: Plan | None = None) -> list[Any]:
     """``[copy_item(x) for x in items]``, with the tensors and arrays that the items hold at
     one place, in one shape and dtype, copied together.
 
@@ -68,52 +68,90 @@ def copy_items(items: list[Any]) -> list[Any]:
     together, they are rows of one new block: each copy is a view of its own row, so a write
     to one copy still changes no other copy and no original. Contiguous tensors and arrays
     only (a copy keeps its original's strides); anything else is copied as ``copy_item`` does.
+
+    ``plan``: what :func:`copy_plan` gave for items that include these (their checks made
+    once, not for every list of their copies); None: the checks run on ``items`` now.
     """
     if len(items) < 2:
         return [copy_item(x) for x in items]
-    return _copy_column(items)
+    return _copy_by_plan(copy_plan(items) if plan is None else plan, items)
 
 
-def _copy_column(values: list[Any]) -> list[Any]:
-    """Copies of ``values``, the leaves or containers found at one place of each item."""
-    # The checks run per value at C speed (map, set): they are most of this function's time.
-    first = values[0]
+# How copy_items copies the values found at one place of each item, as its checks decide:
+# ("same",) immutable leaves, kept; ("tensor", dtype) and ("array", shape, dtype) rows of one
+# new block; ("seq", type, plans) and ("dict", keys, plans) rebuilt around their places'
+# copies; ("each",) anything else, copy_item by copy_item.
+Plan = tuple[Any, ...]
+_SAME, _EACH = ("same",), ("each",)
+
+
+def copy_plan(items: list[Any]) -> Plan:
+    """How :func:`copy_items` copies ``items`` (non-empty). Two lists with equal plans have
+    that plan together too, so a plan made for each list of items as it arrives holds for
+    any list of their copies."""
+    # The checks run per value at C speed (map, set): they are most of the copy's own time.
+    first = items[0]
     cls = type(first)
-    if len(set(map(type, values))) > 1:
-        return [copy_item(v) for v in values]
+    if len(set(map(type, items))) > 1:
+        return _EACH
     if cls in _IMMUTABLE:
-        return list(values)
+        return _SAME
     if cls is torch.Tensor:
         try:
-            if _stackable_tensors(values, first):
-                return list(torch.stack(values).unbind(0))
+            return ("tensor", first.dtype) if _stackable_tensors(items, first) else _EACH
+        except (RuntimeError, NotImplementedError):  # layouts without strides
+            return _EACH
+    if cls is np.ndarray and first.ndim and _stackable_arrays(items):
+        return ("array", first.shape, first.dtype)
+    if (cls is tuple or cls is list) and first and len(set(map(len, items))) == 1:
+        return ("seq", cls, tuple(copy_plan(list(c)) for c in zip(*items, strict=True)))
+    if cls is dict and first and len(set(map(tuple, items))) == 1:
+        keys = tuple(first)
+        return ("dict", keys, tuple(copy_plan([v[k] for v in items]) for k in keys))
+    return _EACH
+
+
+def _copy_by_plan(plan: Plan, values: list[Any]) -> list[Any]:
+    """Copies of ``values``, the leaves or containers found at one place of each item."""
+    kind = plan[0]
+    if kind == "same":
+        return list(values)
+    if kind == "tensor":
+        try:
+            block = torch.stack(values)
+            # One in autograd: a block would tie the copies into one graph (clone does not).
+            if not block.requires_grad:
+                return list(block.unbind(0))
         except (RuntimeError, NotImplementedError):  # shapes, devices or layouts that differ
             pass
-        return [copy_item(v) for v in values]
-    if cls is np.ndarray and first.ndim and _stackable_arrays(values):
+    elif kind == "array":
         return list(np.stack(values))
-    if (cls is tuple or cls is list) and first and len(set(map(len, values))) == 1:
-        columns = [_copy_column(list(c)) for c in zip(*values, strict=True)]
-        return [cls(row) for row in zip(*columns, strict=True)]
-    if cls is dict and first and len(set(map(tuple, values))) == 1:
-        keys = list(first)
-        columns = [_copy_column([v[k] for v in values]) for k in keys]
+    elif kind == "seq":
+        places = zip(*values, strict=True)
+        columns = [_copy_by_plan(p, list(c)) for p, c in zip(plan[2], places, strict=True)]
+        rows = zip(*columns, strict=True)  # tuples already
+        return list(rows) if plan[1] is tuple else list(map(list, rows))
+    elif kind == "dict":
+        keys = plan[1]
+        columns = [
+            _copy_by_plan(p, [v[k] for v in values]) for p, k in zip(plan[2], keys, strict=True)
+        ]
         return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
     return [copy_item(v) for v in values]
 
 
-_SHAPE, _DTYPE, _GRAD = attrgetter("shape"), attrgetter("dtype"), attrgetter("requires_grad")
+_SHAPE, _DTYPE = attrgetter("shape"), attrgetter("dtype")
 
 
 def _stackable_tensors(values: list[torch.Tensor], first: torch.Tensor) -> bool:
     """Whether ``torch.stack`` copies ``values`` as ``clone`` would, unless it refuses them
-    (shapes, devices or layouts that differ): plain, contiguous, strided tensors outside
-    autograd, of one dtype (which ``stack`` would promote)."""
+    (shapes, devices or layouts that differ) or its block is in autograd (checked on the
+    block, once, not per tensor): plain, contiguous, strided tensors of one dtype (which
+    ``stack`` would promote)."""
     return (
         first.layout == torch.strided
         and len(set(map(_DTYPE, values))) == 1
         and all(map(torch.Tensor.is_contiguous, values))
-        and not any(map(_GRAD, values))
     )
 
 

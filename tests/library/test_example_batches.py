@@ -113,6 +113,22 @@ def test_the_pool_mixes_copies_across_batches_and_gives_exact_counts(factor):
     assert firsts != sorted(firsts)
 
 
+def test_each_batch_is_a_uniform_draw_from_the_pool_in_random_order():
+    """The pool is kept in random order and a batch is its last entries: over seeds, every
+    entry of the first pool (63 + 8 - 1 of them) is as likely to be in the first batch, at
+    any place in it."""
+    counts, firsts = collections.Counter(), collections.Counter()
+    for seed in range(1500):
+        node = ExampleBatches(((i, i) for i in range(200)), 1, batch_size=8, shuffle_buffer=63,
+                              seed=seed)  # fmt: skip
+        batch = [n for n, _ in next(node)]
+        counts.update(batch)
+        firsts[batch[0]] += 1
+    assert set(counts) == set(range(70))  # drawn from the first 70 reads only
+    assert min(counts.values()) > 120 and max(counts.values()) < 220, counts  # 171 expected
+    assert max(firsts.values()) < 50, firsts  # 21 expected
+
+
 @pytest.mark.parametrize("shuffle_buffer", [0, 9])
 def test_resumes_exactly_at_every_position(shuffle_buffer):
     run_test_save_load_state(
@@ -195,3 +211,56 @@ def test_copy_items_of_tensors_on_other_layouts_or_shapes_one_by_one():
     got = copy_items(sparse)
     assert [t.layout for t in got] == [torch.strided, torch.sparse_coo]
     assert all(t._base is None for t in copy_items([torch.zeros(2), torch.zeros(3)]))
+
+
+def _shares_memory(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return np.shares_memory(a, b)
+
+
+@pytest.mark.parametrize("kinds", [["tuple"], ["tuple", "not contiguous", "shapes differ"],
+                                   list(ITEMS)])  # fmt: skip
+def test_the_pool_copies_examples_of_several_kinds_each_as_copy_item_does(kinds):
+    """The pool decides how to copy its originals as they enter (copying.copy_plan), not per
+    batch of their copies: with examples of several kinds in it, each copy is still its
+    original's, as copy_item makes it, in its layout and sharing no memory with it."""
+    made = [ITEMS[kinds[i // 20 % len(kinds)]](i) for i in range(60)]  # kinds in turn
+    node = ExampleBatches(list(enumerate(made)), 3, batch_size=8, shuffle_buffer=16, seed=0,
+                          length=60)  # fmt: skip
+    seen = collections.Counter()
+    for batch in node:
+        for n, got in batch:
+            seen[n] += 1
+            assert_same_item(got, copy_item(made[n]))
+            for v, original in zip(_arrays(got), _arrays(made[n]), strict=True):
+                assert not _shares_memory(v, original)
+                stride = v.stride() if isinstance(v, torch.Tensor) else v.strides
+                assert stride == (original.stride() if isinstance(v, torch.Tensor)
+                                  else original.strides)  # fmt: skip
+    assert seen == {n: 3 for n in range(60)}
+
+
+def test_resumes_exactly_with_examples_of_several_kinds_in_the_pool():
+    kinds = [ITEMS["tuple"], ITEMS["not contiguous"], lambda i: {"x": torch.full((3,), i), "id": i}]
+    made = [kinds[i % 3](i) for i in range(30)]
+    run_test_save_load_state(
+        lambda: ExampleBatches(list(enumerate(made)), 2.5, batch_size=4, shuffle_buffer=9,
+                               seed=3, length=30),
+        summary=lambda n: (n.stats.fresh_items, n.stats.items_out),
+        end_may_start_next_epoch=True,
+    )  # fmt: skip
+
+
+def test_a_pool_saved_without_its_order_resumes_with_the_same_counts():
+    """A state from the version that drew from anywhere in the pool has no "random_order": its
+    pool is put in random order once, and every example still gets its copies."""
+    node = ExampleBatches(tagged(60), 3, batch_size=8, shuffle_buffer=24, seed=1, length=60)
+    before = [n for _ in range(4) for n, _ in next(node)]
+    state = node.state_dict()
+    del state["random_order"]
+    resumed = ExampleBatches(tagged(60), 3, batch_size=8, shuffle_buffer=24, seed=1, length=60)
+    resumed.reset(state)
+    after = [n for b in resumed for n, _ in b]
+    assert collections.Counter(before + after) == {n: 3 for n in range(60)}
+    assert after[:8] != [n for n, _ in next(node)]  # reordered, not the saved order's tail

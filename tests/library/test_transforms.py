@@ -205,6 +205,21 @@ def test_guard_passes_other_errors_and_results_unchanged() -> None:
     assert guard_transform(guarded) is guarded and isinstance(guarded, GuardedTransform)
 
 
+def test_guard_applied_to_a_batch_gives_each_result_and_explains_the_sample_that_failed() -> None:
+    """``apply`` (the batch path of where="before_augment") is ``[guarded(s) for s in samples]``."""
+    xs = [torch.ones(2), torch.zeros(3)]
+    assert all(torch.equal(a, b) for a, b in zip(guard_transform(input_only).apply(xs),
+                                                 [x * 2 for x in xs], strict=True))  # fmt: skip
+    assert guard_transform(input_only).apply([]) == []
+    with pytest.raises(TypeError) as info:  # the second sample, not the first, is a tuple
+        guard_transform(input_only).apply([torch.ones(2), (torch.zeros(3, 5), 7)])
+    assert isinstance(info.value, SampleTransformError)
+    assert "sample of type tuple: (Tensor[3, 5] float32, int)" in str(info.value)
+    assert type(info.value.__cause__) is TypeError
+    with pytest.raises(KeyError):  # passed on unchanged, as by a call
+        guard_transform(lambda s: s["missing"]).apply([{"image": torch.ones(1)}])
+
+
 # --- through the loader ------------------------------------------------------------------------
 
 
