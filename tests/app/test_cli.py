@@ -106,10 +106,9 @@ def test_train_reads_a_toml_config_and_flags_override_it(small_dir, tmp_path, ca
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("where", "counts"),
-    # Batch echoing stops at the step that reaches the budget: the last fresh batch's copy
-    # is not trained on.
+    # Batch echoing trains the last fresh batch's copy before it stops at the budget (a drain).
     [("before_augment", "256 echoed examples (echo 2.00x), 8 steps"),
-     ("batch", "192 echoed examples (echo 1.75x), 7 steps")],
+     ("batch", "256 echoed examples (echo 2.00x), 8 steps")],
     ids=["before_augment", "batch"],
 )  # fmt: skip
 def test_train_on_the_device_given_at_a_host_insertion_point(small_dir, where, counts, capsys):

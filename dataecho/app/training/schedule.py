@@ -30,16 +30,17 @@ from dataecho.loader import EchoingDataLoader
 def at_limit(
     cfg: TrainConfig, run: RunCounters, world: int = 1, loader: EchoingDataLoader | None = None
 ) -> bool:
-    """``max_steps`` taken (mean steps per rank), or the budget of fresh examples spent: in
-    one process with ``loader``, once the copies it still owes of the examples counted are
-    trained on too (where it can drain: :meth:`EchoingDataLoader.drain`), so a budget stop
-    trains every counted example as often as the factor says. Ranks stop at the budget itself:
-    they would drain unequal numbers of batches."""
+    """``max_steps`` taken (mean steps per rank), or the budget of fresh examples spent: with
+    ``loader`` (one process, no process group), once the copies it still owes of the examples
+    counted are trained on too (where it can drain: :meth:`EchoingDataLoader.drain`), so a
+    budget stop trains every counted example as often as the factor says. Ranks pass no
+    loader and stop at the budget itself: they would drain unequal numbers of batches, and
+    local-echo exchanges only at fresh batches."""
     if cfg.max_steps is not None and run.global_steps // world >= cfg.max_steps:
         return True
     if run.fresh < cfg.budget:
         return False
-    return loader is None or world > 1 or not loader.drain() or loader.drained
+    return loader is None or not loader.drain() or loader.drained
 
 
 def count_exchange(cfg: TrainConfig, run: RunCounters, summed: Control) -> None:
@@ -74,7 +75,8 @@ def run_evaluations(
     line; its rows get ``extra()``'s keys, and a target it reaches is voted at the next
     exchange (:func:`count_exchange`) so that every rank stops at the same one.
     """
-    limit = at_limit(cfg, run, world, loader)
+    # Ranks stop at the budget itself (at_limit): they would drain unequal numbers of batches.
+    limit = at_limit(cfg, run, world, loader if rank is None else None)
     due = run.fresh >= run.next_eval or limit
     if due:
         run.next_eval = (run.fresh // cfg.eval_every + 1) * cfg.eval_every
