@@ -68,6 +68,7 @@ class EpochIterator:
         self._first: list[Any] = []
         self._workers: WorkersNode | None = None
         self._counting: Any = None  # the stage whose fresh emissions settle the counts
+        self._drain_stage: Any = None  # where drain() starts, once started (or None)
         self._settled = 0
         self.yielded = 0  # batches of this epoch handed out, a resumed epoch's earlier ones too
         self._on_drop = on_drop
@@ -98,6 +99,7 @@ class EpochIterator:
                 epoch = begin()
                 self.root, self._workers = epoch.root, epoch.workers
                 self._counting = epoch.counting
+                self._drain_stage = drain_stage(self.root)
                 self._settled, self._first = epoch.settled, epoch.first
                 self.yielded = epoch.yielded
             assert self.root is not None  # begin() set it
@@ -133,16 +135,14 @@ class EpochIterator:
     def drain(self) -> bool:
         """Start the chain's drain (:func:`~dataecho.loader.chains.drain_stage`); False where
         it has none (nothing changes) or the epoch has not started."""
-        stage = drain_stage(self.root) if self.root is not None else None
-        if stage is None:
+        if self._drain_stage is None:
             return False
-        stage.drain()
+        self._drain_stage.drain()
         return True
 
     @property
     def drained(self) -> bool:
-        stage = drain_stage(self.root) if self.root is not None else None
-        return stage is not None and stage.drained
+        return self._drain_stage is not None and self._drain_stage.drained
 
     def position(self) -> dict[str, Any]:
         """Where this started epoch is: its root's state and the batches handed out."""
