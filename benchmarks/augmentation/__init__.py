@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from dataecho.app.demo import SHUFFLE_BATCHES
+from dataecho.app.demo import shuffle_batches
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.train import TrainConfig, train
 from dataecho.app.upstream import prepare
@@ -44,8 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--shuffle-batches",
         type=int,
-        default=SHUFFLE_BATCHES,
-        help="post-echo shuffle buffer (device: mixing pool), in batches' worth",
+        default=None,
+        help="post-echo shuffle buffer (device: mixing pool), in batches' worth "
+        "(default: the demo's for --where)",
     )
     p.add_argument(
         "--where",
@@ -84,7 +85,8 @@ def fresh_to_target(args: argparse.Namespace, pad: int, seed: int, echo: float) 
 
 def shuffle_buffer(args: argparse.Namespace) -> int:
     """``--shuffle-batches`` in the unit of ``--where``: batches for "batch", else examples."""
-    return args.shuffle_batches * (1 if args.where == "batch" else args.batch_size)
+    batches = shuffle_batches(args.where) if args.shuffle_batches is None else args.shuffle_batches
+    return batches * (1 if args.where == "batch" else args.batch_size)
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[list[str]]:

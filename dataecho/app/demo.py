@@ -31,7 +31,7 @@ from tqdm import tqdm
 from dataecho._validate import Int, Real
 from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
 from dataecho.app.config import MAX_SEED
-from dataecho.app.loader_settings import MAX_ECHO_FACTOR
+from dataecho.app.loader_settings import DEVICE_POOL_BATCHES, MAX_ECHO_FACTOR
 from dataecho.app.quiet import CpuWatch, QuietCheck, load_per_core
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
@@ -43,11 +43,17 @@ DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
 DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
 # A shard is one HTTP request; 1,000 examples (~2.3 MB) keeps request overhead negligible.
 EXAMPLES_PER_SHARD = 1000
-# Post-echo shuffle buffer (the device's mixing pool), in batches' worth. The demo keeps 10,
-# not a run's 40 (loader_settings.DEVICE_POOL_BATCHES): its figures of merit count fresh
-# examples as they are first trained on, and on a run this short the 40-batch pool's waiting
-# examples (about 5% of those to the target) read as a slower pipeline (docs/demo.md).
-SHUFFLE_BATCHES = 10
+# Post-echo shuffle buffer in batches' worth, by insertion point (docs/demo.md measures both):
+# the device's mixing pool at a run's 40 saved more fresh examples and wall time than at 10;
+# in the loader worker 40 saved no more than 10 and cost more of the fresh-data rate.
+HOST_SHUFFLE_BATCHES = 10
+
+
+def shuffle_batches(where: str) -> int:
+    """The demo's post-echo shuffle buffer for ``where``, in batches' worth."""
+    return DEVICE_POOL_BATCHES if where == "device" else HOST_SHUFFLE_BATCHES
+
+
 # The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the
 # loader worker does no per-copy work and the copies' examples mix on the device.
 DEFAULT_WHERE = "device"
@@ -120,9 +126,10 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     add("--budget", type=Int(1).argparse_type("--budget"), default=None, metavar="N",
         help=f"fresh examples per run at most (default: {Plan.budget:,})")
     add("--shuffle-batches", type=Int(0).argparse_type("--shuffle-batches"),
-        default=SHUFFLE_BATCHES, metavar="N",
+        default=None, metavar="N",
         help="the echoed runs' shuffle buffer (with --where device, its mixing pool), in "
-        "batches' worth (default: %(default)s; docs/demo.md compares 10 and 40)")
+        f"batches' worth (default: {DEVICE_POOL_BATCHES} with --where device, else "
+        f"{HOST_SHUFFLE_BATCHES}; docs/demo.md compares them)")
     add("--seed", type=_SEED, default=0, metavar="N")
     add("--augment-pad", type=Int(0).argparse_type("--augment-pad"), default=2, metavar="N",
         help="random shift of up to N pixels in the augmentation (default: %(default)s); "
@@ -215,7 +222,8 @@ def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> l
     """No echo, the fixed factor and auto, alike in all else; copies get a shuffle buffer."""
     # Spreads copies apart (Choi et al.); where=batch's buffer holds whole batches, the others
     # (the device's mixing too) hold examples.
-    shuffle = args.shuffle_batches * (1 if args.where == "batch" else plan.batch_size)
+    batches = shuffle_batches(args.where) if args.shuffle_batches is None else args.shuffle_batches
+    shuffle = batches * (1 if args.where == "batch" else plan.batch_size)
     common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
                   budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,

@@ -16,7 +16,7 @@ from conftest import needs_nginx, orphan_burners
 from PIL import Image
 
 from dataecho.app.cli import main
-from dataecho.app.demo import DEFAULT_WHERE, QUICK, SHUFFLE_BATCHES, _configs, add_demo_arguments
+from dataecho.app.demo import DEFAULT_WHERE, QUICK, _configs, add_demo_arguments, shuffle_batches
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, FILES
 
 needs_data = pytest.mark.skipif(
@@ -202,11 +202,12 @@ def test_where_flag_reaches_the_echoed_runs(flags):
     assert [c.name for c in configs] == RUNS
     assert [c.where for c in configs[1:]] == [where, where]  # the no-echo run has no echo stage
     assert configs[1].echo_factor == 4.0 and configs[2].echo_factor == "auto"
-    # Ten batches' worth of shuffle buffer: whole batches for where=batch, else examples (the
-    # device mixes the copies' examples).
+    # The device's pool holds a run's 40 batches' worth, a buffer in the loader worker 10: whole
+    # batches for where=batch, else examples (the device mixes the copies' examples).
+    batches = 40 if where == "device" else 10
+    assert shuffle_batches(where) == batches
     per_batch = 1 if where == "batch" else QUICK.batch_size
-    assert SHUFFLE_BATCHES == 10
-    assert [c.shuffle_buffer for c in configs] == [0, 10 * per_batch, 10 * per_batch]
+    assert [c.shuffle_buffer for c in configs] == [0, batches * per_batch, batches * per_batch]
 
 
 def test_bad_where_is_a_usage_error(capsys):
@@ -220,10 +221,10 @@ def test_bad_where_is_a_usage_error(capsys):
 def test_shuffle_batches_sizes_the_echoed_runs_buffer_in_batches_worth(where):
     parser = argparse.ArgumentParser()
     add_demo_arguments(parser)
-    args = parser.parse_args(["--where", where, "--shuffle-batches", "40"])
+    args = parser.parse_args(["--where", where, "--shuffle-batches", "25"])
     configs = _configs("http://127.0.0.1:1", QUICK, args, target=0.3)
     per_batch = 1 if where == "batch" else QUICK.batch_size
-    assert [c.shuffle_buffer for c in configs] == [0, 40 * per_batch, 40 * per_batch]
+    assert [c.shuffle_buffer for c in configs] == [0, 25 * per_batch, 25 * per_batch]
 
 
 def test_a_negative_shuffle_batches_is_a_usage_error(capsys):

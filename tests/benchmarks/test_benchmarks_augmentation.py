@@ -54,5 +54,7 @@ def test_the_shuffle_buffer_is_counted_in_the_insertion_points_unit():
     def buffer(where: str) -> int:
         return augmentation.shuffle_buffer(augmentation.parse_args(["--where", where]))
 
-    assert buffer("before_augment") == buffer("device") == 10 * 128  # examples
+    # The demo's default for each insertion point.
+    assert buffer("before_augment") == 10 * 128  # examples
+    assert buffer("device") == 40 * 128  # examples, the device's mixing pool
     assert buffer("batch") == 10  # whole batches
