@@ -17,6 +17,7 @@ per batch in a worker), which any DataLoader worker pays per batch it sends.
 
     python -m benchmarks host_echo               # ~1 min; bench-results/host_echo/host_echo.md
     python -m benchmarks host_echo --workers 1   # the same, CPU of one worker process
+    python -m benchmarks host_echo --image 28 --channels 1   # the demo's Fashion-MNIST shape
     python -m benchmarks host_echo --quick       # ~8 s, one short round
 """
 
@@ -51,6 +52,7 @@ TRANSFORMS = {"identity": identity, "augment": Augment(pad=2)}
 class Plan:
     batch_size: int
     image: int
+    channels: int
     workers: int
     shuffle_buffer: int
     warmup: float
@@ -86,7 +88,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="one round of short windows")
     p.add_argument("--rounds", type=int, help="interleaved rounds (3; 1 with --quick)")
     p.add_argument("--duration", type=float, help="measured seconds per case and round (3)")
-    p.add_argument("--image", type=int, default=64, help="image side, 3 x N x N uint8 (64)")
+    p.add_argument("--image", type=int, default=64, help="image side, C x N x N uint8 (64)")
+    p.add_argument("--channels", type=int, default=3, help="image channels C (3)")
     p.add_argument("--batch-size", type=int, default=128, help="examples per batch (128)")
     p.add_argument("--workers", type=int, default=0, help="loader workers (0: in-process)")
     p.add_argument("--shuffle-buffer", type=int, default=1024, help="examples (1024)")
@@ -124,9 +127,9 @@ def main(argv: list[str]) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     threads = common.pin_threads(1)
     load = common.load_average()
-    plan = Plan(a.batch_size, a.image, a.workers, a.shuffle_buffer, min(1.0, a.duration),
+    plan = Plan(a.batch_size, a.image, a.channels, a.workers, a.shuffle_buffer, min(1.0, a.duration),
                 a.duration)  # fmt: skip
-    data = PacedShapes(STREAM, (3, a.image, a.image), 0.0, 0.0)
+    data = PacedShapes(STREAM, (a.channels, a.image, a.image), 0.0, 0.0)
     cases = [(name, e) for name in TRANSFORMS for e in (1, FACTOR)]
     costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, *c), log,
                                lambda c: f"{c[0]} e={c[1]}")  # fmt: skip
@@ -138,7 +141,7 @@ def main(argv: list[str]) -> int:
         f"# Host-side example echo: worker CPU per extra copy\n\nCommand: `python -m benchmarks "
         f"host_echo {' '.join(argv)}`.\nMachine: {m['cpu']}; torch {m['torch']}; {threads}. "
         f"Load before: {load}; after: {common.load_average()}.\nwhere=before_augment, images "
-        f"3x{a.image}x{a.image} uint8, batch {a.batch_size}, shuffle_buffer "
+        f"{a.channels}x{a.image}x{a.image} uint8, batch {a.batch_size}, shuffle_buffer "
         f"{a.shuffle_buffer}, {where}; {a.rounds} round(s) of {a.duration:g} s per case, "
         f"interleaved. CPU in ms per fresh batch of {a.batch_size} (medians over rounds).\n\n"
         + common.markdown_table(HEADERS, table, "lrrr")

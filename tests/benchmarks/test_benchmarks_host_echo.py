@@ -14,9 +14,10 @@ from benchmarks import host_echo  # noqa: E402
 
 
 def test_quick_run_tables_each_transform_and_the_verdict(capsys, tmp_path):
-    code = host_echo.main(["--quick", "--duration", "0.3", "--image", "16", "--out",
-                           str(tmp_path)])  # fmt: skip
+    code = host_echo.main(["--quick", "--duration", "0.3", "--image", "16", "--channels", "1",
+                           "--out", str(tmp_path)])  # fmt: skip
     out = capsys.readouterr().out
+    assert "images 1x16x16 uint8" in out
     rows = [line for line in out.splitlines() if line.startswith("| ")][2:]
     assert [r.split("|")[1].strip() for r in rows][:2] == ["identity", "augment"]
     for row in rows[:2]:
