@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from dataecho.app.demo import shuffle_batches
+from dataecho.app import demo
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
 from dataecho.app.train import TrainConfig, train
 from dataecho.app.upstream import prepare
@@ -85,8 +85,7 @@ def fresh_to_target(args: argparse.Namespace, pad: int, seed: int, echo: float) 
 
 def shuffle_buffer(args: argparse.Namespace) -> int:
     """``--shuffle-batches`` in the unit of ``--where``: batches for "batch", else examples."""
-    batches = shuffle_batches(args.where) if args.shuffle_batches is None else args.shuffle_batches
-    return batches * (1 if args.where == "batch" else args.batch_size)
+    return demo.shuffle_buffer(args.where, args.shuffle_batches, args.batch_size)
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[list[str]]:

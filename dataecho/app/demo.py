@@ -54,6 +54,13 @@ def shuffle_batches(where: str) -> int:
     return DEVICE_POOL_BATCHES if where == "device" else HOST_SHUFFLE_BATCHES
 
 
+def shuffle_buffer(where: str, batches: int | None, batch_size: int) -> int:
+    """``batches`` (None: the demo's for ``where``) in ``where``'s unit: whole batches for
+    "batch", else examples (the device's mixing too)."""
+    batches = shuffle_batches(where) if batches is None else batches
+    return batches * (1 if where == "batch" else batch_size)
+
+
 # The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the
 # loader worker does no per-copy work and the copies' examples mix on the device.
 DEFAULT_WHERE = "device"
@@ -220,10 +227,8 @@ def _prepare(args: argparse.Namespace, plan: Plan) -> tuple[Path, dict[str, Any]
 
 def _configs(url: str, plan: Plan, args: argparse.Namespace, target: float) -> list[TrainConfig]:
     """No echo, the fixed factor and auto, alike in all else; copies get a shuffle buffer."""
-    # Spreads copies apart (Choi et al.); where=batch's buffer holds whole batches, the others
-    # (the device's mixing too) hold examples.
-    batches = shuffle_batches(args.where) if args.shuffle_batches is None else args.shuffle_batches
-    shuffle = batches * (1 if args.where == "batch" else plan.batch_size)
+    # Spreads copies apart (Choi et al.).
+    shuffle = shuffle_buffer(args.where, args.shuffle_batches, plan.batch_size)
     common = dict(upstream=url, data_dir=args.data_dir, batch_size=plan.batch_size,
                   budget=plan.budget, target_accuracy=target, eval_every=plan.eval_every,
                   eval_examples=plan.eval_examples, screen_examples=plan.screen_examples,
