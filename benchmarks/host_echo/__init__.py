@@ -51,8 +51,6 @@ TRANSFORMS = {"identity": identity, "augment": Augment(pad=2)}
 @dataclass(frozen=True)
 class Plan:
     batch_size: int
-    image: int
-    channels: int
     workers: int
     shuffle_buffer: int
     warmup: float
@@ -127,8 +125,7 @@ def main(argv: list[str]) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     threads = common.pin_threads(1)
     load = common.load_average()
-    plan = Plan(a.batch_size, a.image, a.channels, a.workers, a.shuffle_buffer, min(1.0, a.duration),
-                a.duration)  # fmt: skip
+    plan = Plan(a.batch_size, a.workers, a.shuffle_buffer, min(1.0, a.duration), a.duration)
     data = PacedShapes(STREAM, (a.channels, a.image, a.image), 0.0, 0.0)
     cases = [(name, e) for name in TRANSFORMS for e in (1, FACTOR)]
     costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, *c), log,
