@@ -10,6 +10,10 @@ transform. Per extra copy = (worker CPU per fresh batch at e = 4 - at e = 1) / 3
 transform's figure is dataecho's own cost, the difference between the two the transform's.
 Target: dataecho's own CPU per extra copy at most 0.5 ms per batch of 128.
 
+Every case reads ahead as much as echoing reads ahead by default (``read_ahead``: one batch,
+on a thread): at e = 1 the loader would not, so the read-ahead thread's CPU is per fresh read,
+not per copy, and is priced on a line of its own (identity at e = 1 with and without it).
+
 By default the worker's pipeline runs in the training process (``num_workers=0``, the same
 stages): its CPU is the pipeline's alone. With ``--workers 1`` the worker process's CPU also
 holds torch's transport of every batch (``default_collate`` into a new shared-memory segment
@@ -55,14 +59,19 @@ class Plan:
     shuffle_buffer: int
     warmup: float
     duration: float
+    read_ahead: int
 
 
-def window(plan: Plan, data: Any, transform: str, e: int) -> float:
+Case = tuple[str, int, bool]  # (transform, echo factor, whether it reads ahead)
+
+
+def window(plan: Plan, data: Any, case: Case) -> float:
     """Worker CPU ms per fresh batch of one case (the main process's with ``workers=0``)."""
+    transform, e, reads_ahead = case
     loader = EchoingDataLoader(
         data, batch_size=plan.batch_size, echo_factor=e, where="before_augment",
         transform=TRANSFORMS[transform], shuffle_buffer=plan.shuffle_buffer,
-        num_workers=plan.workers, seed=0,
+        num_workers=plan.workers, seed=0, read_ahead=plan.read_ahead if reads_ahead else 0,
     )  # fmt: skip
     cpu = common.children_cpu_seconds if plan.workers else time.process_time
     it = iter(loader)
@@ -91,19 +100,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=128, help="examples per batch (128)")
     p.add_argument("--workers", type=int, default=0, help="loader workers (0: in-process)")
     p.add_argument("--shuffle-buffer", type=int, default=1024, help="examples (1024)")
+    p.add_argument("--read-ahead", type=int, help="examples read ahead in every case (the "
+                   "echoing default: the batch size)")  # fmt: skip
     p.add_argument("--out", default=str(common.results_dir("host_echo")))
     a = p.parse_args(argv)
     a.rounds = a.rounds or (1 if a.quick else 3)
     a.duration = a.duration or (0.8 if a.quick else 3.0)
+    a.read_ahead = a.batch_size if a.read_ahead is None else a.read_ahead
     return a
 
 
-def rows(costs: dict[tuple[str, int], list[float]]) -> tuple[list[list[str]], float]:
-    """One row per transform; and dataecho's own ms per extra copy (identity's median)."""
+def rows(costs: dict[Case, list[float]]) -> tuple[list[list[str]], float]:
+    """One row per transform, one for the read-ahead thread; and dataecho's own ms per extra
+    copy (identity's median)."""
     per_copy: dict[str, list[float]] = {}
     out = []
     for name in TRANSFORMS:
-        base, echoed = costs[(name, 1)], costs[(name, FACTOR)]
+        base, echoed = costs[(name, 1, True)], costs[(name, FACTOR, True)]
         per_copy[name] = [(b - a) / (FACTOR - 1) for a, b in zip(base, echoed, strict=True)]
         extra = per_copy[name]
         spread = f" ({min(extra):.2f}-{max(extra):.2f})" if len(extra) > 1 else ""
@@ -113,6 +126,11 @@ def rows(costs: dict[tuple[str, int], list[float]]) -> tuple[list[list[str]], fl
     user = statistics.median([a - b for a, b in zip(per_copy["augment"], per_copy["identity"],
                                                     strict=True)])  # fmt: skip
     out.append(["augment - identity: the transform's own", "-", "-", f"{user:.2f}"])
+    if ("identity", 1, False) in costs:
+        thread = [a - b for a, b in zip(costs[("identity", 1, True)],
+                                        costs[("identity", 1, False)], strict=True)]  # fmt: skip
+        out.append(["the read-ahead thread's own, per fresh batch (identity, e=1)",
+                    f"{statistics.median(thread):.2f}", "-", "-"])  # fmt: skip
     return out, own
 
 
@@ -125,11 +143,14 @@ def main(argv: list[str]) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     threads = common.pin_threads(1)
     load = common.load_average()
-    plan = Plan(a.batch_size, a.workers, a.shuffle_buffer, min(1.0, a.duration), a.duration)
+    plan = Plan(a.batch_size, a.workers, a.shuffle_buffer, min(1.0, a.duration), a.duration,
+                a.read_ahead)  # fmt: skip
     data = PacedShapes(STREAM, (a.channels, a.image, a.image), 0.0, 0.0)
-    cases = [(name, e) for name in TRANSFORMS for e in (1, FACTOR)]
-    costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, *c), log,
-                               lambda c: f"{c[0]} e={c[1]}")  # fmt: skip
+    cases: list[Case] = [(name, e, True) for name in TRANSFORMS for e in (1, FACTOR)]
+    if a.read_ahead:
+        cases.append(("identity", 1, False))
+    costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, c), log,
+                               lambda c: f"{c[0]} e={c[1]}{'' if c[2] else ' read_ahead=0'}")  # fmt: skip
     table, own = rows(costs)
     verdict = "met" if own <= TARGET_MS else "MISSED"
     m = common.machine_summary()
@@ -139,7 +160,8 @@ def main(argv: list[str]) -> int:
         f"host_echo {' '.join(argv)}`.\nMachine: {m['cpu']}; torch {m['torch']}; {threads}. "
         f"Load before: {load}; after: {common.load_average()}.\nwhere=before_augment, images "
         f"{a.channels}x{a.image}x{a.image} uint8, batch {a.batch_size}, shuffle_buffer "
-        f"{a.shuffle_buffer}, {where}; {a.rounds} round(s) of {a.duration:g} s per case, "
+        f"{a.shuffle_buffer}, read_ahead {a.read_ahead} in every case but the last row's, "
+        f"{where}; {a.rounds} round(s) of {a.duration:g} s per case, "
         f"interleaved. CPU in ms per fresh batch of {a.batch_size} (medians over rounds).\n\n"
         + common.markdown_table(HEADERS, table, "lrrr")
         + f"\n\ndataecho's own CPU per extra copy (identity): {own:.2f} ms per batch of "

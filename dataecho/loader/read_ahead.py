@@ -9,7 +9,8 @@ the reads going meanwhile, as ``AdaptiveEcho``'s reader thread does for "auto".
 The thread is the one the adaptive stage reads on (:mod:`dataecho.stages.background`), and it
 checkpoints exactly: its state is the source's after the last item handed over, so a resume
 re-reads what was read ahead but not yet used. Chunks of :data:`CHUNK` examples make it one
-queue hand-over per chunk, not per example.
+queue hand-over per chunk, not per example; each side is one node (the chunks on the thread,
+the examples on the consumer's side), so an example costs its read and one node call more.
 
 Failures: a failure inside a chunk would lose the chunk's items read before it. So the
 exception object travels as an item (:class:`_Failure`) and is raised again on the consumer's
@@ -22,7 +23,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from torchdata.nodes import BaseNode, Batcher, Unbatcher
+from torchdata.nodes import BaseNode
 
 from dataecho.stages.background import ThreadedNode
 
@@ -33,20 +34,13 @@ THREAD_PREFIX = "dataecho-read-ahead"
 
 def read_ahead(source: BaseNode[Any], examples: int) -> BaseNode[Any]:
     """``source`` read up to ``examples`` ahead on a background thread (0: ``source`` itself)."""
-    if examples <= 0:
-        return source
-    chunk = min(CHUNK, examples)
-    catch = _Catch(source)
-    chunks = ThreadedNode(
-        Batcher(catch, chunk, drop_last=False), -(-examples // chunk), name=THREAD_PREFIX
-    )
-    return _Raise(Unbatcher(chunks), catch, chunks)
+    return ReadAhead(source, examples) if examples > 0 else source
 
 
 def stop_read_ahead(node: Any, timeout: float | None = 5.0) -> None:
     """Stop ``node``'s read-ahead thread, if it is one: it reads nothing after the read in
     flight, which this waits up to ``timeout`` s for."""
-    if isinstance(node, _Raise):
+    if isinstance(node, ReadAhead):
         node.stop(timeout)
 
 
@@ -57,62 +51,91 @@ class _Failure:
         self.error = error
 
 
-class _Catch(BaseNode[Any]):
-    """On the reader's thread: a failure becomes an item, and reading stops after it."""
+class _Chunks(BaseNode[list[Any]]):
+    """On the reader's thread: lists of up to ``size`` reads; a failure is a chunk's last item,
+    and reading stops after it."""
 
-    def __init__(self, source: BaseNode[Any]) -> None:
+    def __init__(self, source: BaseNode[Any], size: int) -> None:
         super().__init__()
         self.source = source
+        self.size = size
         self._failed = False
-        # Set from the consumer: torchdata's Batcher finishes a chunk without looking at the
-        # thread's stop event, so the reader thread must be told here, between two reads.
+        # Set from the consumer, looked at between two reads: a chunk in progress stops too.
         self.stopping = threading.Event()
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self.source.reset(initial_state)
         self._failed = False
-        self.stopping.clear()  # the previous reader thread has ended: _Raise.reset waited for it
+        self.stopping.clear()  # the previous reader thread has ended: ReadAhead.reset waited
 
-    def next(self) -> Any:
-        if self._failed or self.stopping.is_set():
-            raise StopIteration
+    def next(self) -> list[Any]:
+        chunk: list[Any] = []
+        stopping, source = self.stopping, self.source
         try:
-            return next(self.source)
+            while len(chunk) < self.size and not (self._failed or stopping.is_set()):
+                chunk.append(next(source))
         except StopIteration:
-            raise
-        except BaseException as error:  # noqa: BLE001  (the consumer raises it: see _Raise)
+            pass
+        except BaseException as error:  # noqa: BLE001  (the consumer raises it: see ReadAhead)
             self._failed = True
-            return _Failure(error)
+            chunk.append(_Failure(error))
+        if not chunk:
+            raise StopIteration
+        return chunk
 
     def get_state(self) -> dict[str, Any]:
         return self.source.state_dict()
 
 
-class _Raise(BaseNode[Any]):
-    """On the consumer's side: raise a carried failure; pass every other item through."""
+class ReadAhead(BaseNode[Any]):
+    """``source``'s items, read up to ``examples`` ahead on a thread; a carried failure is
+    raised here, as the original object. State: the chunks' state before the chunk in hand,
+    and the place in it (a resume reads that chunk again and skips what was handed on)."""
 
-    def __init__(self, source: BaseNode[Any], catch: _Catch, chunks: ThreadedNode) -> None:
+    def __init__(self, source: BaseNode[Any], examples: int) -> None:
         super().__init__()
         self.source = source
-        self._catch, self._chunks = catch, chunks
+        size = min(CHUNK, examples)
+        self._chunks = _Chunks(source, size)
+        self._thread = ThreadedNode(self._chunks, -(-examples // size), name=THREAD_PREFIX)
+        self._chunk: list[Any] = []
+        self._place = 0
+        self._chunk_state: Any = None  # the thread's state before the chunk in hand
 
     def stop(self, timeout: float | None) -> None:
         """Stop the reader thread after its read in flight; wait up to ``timeout`` s for that."""
-        self._catch.stopping.set()
-        self._chunks.stop(timeout)
+        self._chunks.stopping.set()
+        self._thread.stop(timeout)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         # A reader thread still inside a read would go on reading from the source reset under it.
         self.stop(None)
-        self.source.reset(initial_state)
+        self._chunk, self._place = [], 0
+        if initial_state is None:
+            self._thread.reset()
+            self._chunk_state = None
+            return
+        self._thread.reset(initial_state["source"])
+        self._chunk_state = initial_state["source"]
+        try:
+            self._chunk = next(self._thread)
+            self._place = int(initial_state["place"])
+        except StopIteration:  # raised again, in its place, by the next call
+            pass
 
     def next(self) -> Any:
-        item = next(self.source)
-        if isinstance(item, _Failure):
+        while self._place >= len(self._chunk):
+            self._chunk_state = self._thread.state_dict()
+            self._chunk, self._place = next(self._thread), 0
+        item = self._chunk[self._place]
+        self._place += 1
+        if type(item) is _Failure:
             raise item.error
         return item
 
     def get_state(self) -> dict[str, Any]:
-        return self.source.state_dict()
+        if self._chunk_state is None:
+            self._chunk_state = self._thread.state_dict()
+        return {"source": self._chunk_state, "place": self._place}
