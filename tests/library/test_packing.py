@@ -24,6 +24,9 @@ CASES = {
     "ragged tensors": [torch.zeros(i + 1) for i in range(3)],
     "mixed structures": [(torch.zeros(2), 1), {"a": 1}],
     "namedtuples": [Point(torch.ones(2), i) for i in range(3)],
+    "tuples beside leaves": [(1, 2), 3, (4, 5)],
+    "int-keyed dicts": [{1: "a"}, {2: "b"}],
+    "nested": [((torch.full((1,), i), [np.zeros(2, np.float32)]), {"k": i}) for i in range(3)],
     "empty": [],
 }
 
@@ -44,6 +47,13 @@ def test_uniform_items_are_stacked_into_columns():
     assert packed["columns"][0]["data"].shape == (5, 1, 4, 4)
     assert packed["columns"][1]["data"] == [0, 1, 2, 3, 4]
     assert pack(CASES["ragged tensors"])["format"] == "list"
+    nested = pack(CASES["nested"])
+    assert nested["format"] == "columns"
+    assert nested["structure"] == ["tuple", [["tuple", ["leaf", ["list", ["leaf"]]]],
+                                             ["dict", ["k"], ["leaf"]]]]  # fmt: skip
+    assert [c["kind"] for c in nested["columns"]] == ["tensor", "ndarray", "plain"]
+    for name in ("tuples beside leaves", "int-keyed dicts", "mixed structures"):
+        assert pack(CASES[name])["format"] == "list", name
 
 
 def test_packed_and_unpacked_items_share_no_memory():

@@ -343,3 +343,15 @@ def test_consumer_takes_read_items_while_a_read_is_in_flight():
     assert records.reads == 21
     records.release.set()
     assert list(node) == list(range(16, 64))
+
+
+def test_a_state_of_another_version_is_refused_naming_the_way_out():
+    node = read_ahead(IterableWrapper(range(40)), 16)
+    next(node)
+    state = node.state_dict()
+    old = {"source": state["source"], "batch_idx": state["place"]}  # the previous layout
+    fresh = read_ahead(IterableWrapper(range(40)), 16)
+    with pytest.raises(ValueError, match="batch_idx, source.*start the run anew"):
+        fresh.reset(old)
+    stop_read_ahead(node)
+    stop_read_ahead(fresh)
