@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from dataecho.app.workloads.cnn import SmallCNN
+from dataecho.app.workloads.image_augment import normalize
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -114,6 +115,8 @@ class SyntheticStep:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> float:
         """Take one step; return the seconds it took."""
         start = time.perf_counter()
+        if images.dtype == torch.uint8:  # the application's workers send them shifted, flipped
+            images = normalize(images)
         loss = F.cross_entropy(self.model(images), labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

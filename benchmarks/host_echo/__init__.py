@@ -16,8 +16,9 @@ not per copy, and is priced on a line of its own (identity at e = 1 with and wit
 
 By default the worker's pipeline runs in the training process (``num_workers=0``, the same
 stages): its CPU is the pipeline's alone. With ``--workers 1`` the worker process's CPU also
-holds torch's transport of every batch (``default_collate`` into a new shared-memory segment
-per batch in a worker), which any DataLoader worker pays per batch it sends.
+holds the transport of every batch (pickled through the pipe, or shared memory for large ones:
+:mod:`dataecho.loader.transport`) and the worker's state snapshots, which the loader sends by
+default.
 
     python -m benchmarks host_echo               # ~1 min; bench-results/host_echo/host_echo.md
     python -m benchmarks host_echo --workers 1   # the same, CPU of one worker process

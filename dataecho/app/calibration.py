@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from dataecho.app.sources.emulated import EmulatedStorage
 from dataecho.app.sources.nginx import NginxServer
 from dataecho.app.train import TrainConfig, measure_step_seconds, train
 from dataecho.app.upstream import build_data
-from dataecho.app.workloads.cnn import SmallCNN
+from dataecho.app.workloads.cnn import CNN, SmallCNN
 from dataecho.loader import EchoingDataLoader
 from dataecho.profiling import ProfileReport, format_report, profile
 
@@ -200,7 +199,7 @@ def _profile(url: str, batch_size: int, seed: int, seconds: float) -> ProfileRep
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
 
     def step(batch: Any) -> None:
-        loss = F.cross_entropy(model(batch[0]), batch[1])
+        loss = CNN.loss(model, batch)  # the runs' own: it normalises the workers' uint8
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.nodes import BaseNode, Mapper
 
 from dataecho.loader.chains import close_chain, example_batches
@@ -38,7 +38,7 @@ from dataecho.loader.reading import (
 )
 from dataecho.loader.rng_scope import RngScope
 from dataecho.loader.snapshots import send_once
-from dataecho.loader.transport import to_wire
+from dataecho.loader.transport import WorkerCollate, to_wire
 from dataecho.stages.fixed_echo import known_length
 from dataecho.stages.seeds import STAGE_ORDER, STAGE_TRANSFORM, derive_seed
 from dataecho.transforms import guard_transform
@@ -144,11 +144,15 @@ class PipelineIterator:
         batches = example_batches(node, opts, seed, per_example=per_example,
                                   collate_fn=owner.collate_fn, length=share)  # fmt: skip
         self._delivery = Delivery(batches, opts.batch_size, drop_last=opts.drop_last)
-        self.root: BaseNode[Any] = Mapper(self._delivery, owner.collate_fn)
+        self._pipe = info is not None and owner.pipe_small_batches
+        collate_fn = owner.collate_fn
+        if info is not None and collate_fn is default_collate:
+            replaced = opts.batch_transform is not None
+            collate_fn = WorkerCollate(replaced=replaced, piped=self._pipe)
+        self.root: BaseNode[Any] = Mapper(self._delivery, collate_fn)
         if opts.batch_transform is not None:
             self.root = Mapper(self.root, opts.batch_transform)
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
-        self._pipe = info is not None and owner.pipe_small_batches
         self._in_worker = info is not None
 
     def __iter__(self) -> PipelineIterator:

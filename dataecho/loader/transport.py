@@ -8,6 +8,12 @@ mapping, so only batches up to :data:`PIPE_LIMIT` bytes go as plain arrays; larg
 shared memory.
 With example-level echoing every emitted batch crosses, so this cost is paid e times per fresh
 batch, on the core that runs the training step.
+
+The same holds for how a worker collates. ``default_collate`` in a worker stacks a batch into a
+new shared-memory segment, which saves a copy only when that batch crosses as it is, through
+shared memory; a batch that a ``batch_transform`` replaces, or one sent through the pipe, pays
+for the segment (about 0.2 ms per batch of 128 28x28 images here) and gains nothing.
+:class:`WorkerCollate` stacks into plain memory there.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
+from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from dataecho._structure import map_tensors, rebuild, tensors
 
@@ -44,6 +52,36 @@ def to_wire(batch: Any) -> Any:
 def from_wire(batch: Any) -> Any:
     """Undo :func:`to_wire` (no copy: the tensors take over the unpickled arrays)."""
     return _map_piped(batch)
+
+
+class WorkerCollate:
+    """``default_collate`` for a worker's batches, into shared memory only where that saves a copy.
+
+    ``replaced``: a ``batch_transform`` follows, so the collated batch never crosses. ``piped``:
+    small batches cross through the pipe (:func:`to_wire`); once a batch is too large for it,
+    the later ones are stacked into shared memory again, as they will cross there.
+    """
+
+    def __init__(self, *, replaced: bool, piped: bool) -> None:
+        self.replaced = replaced
+        self.shared = not replaced and not piped
+
+    def __call__(self, examples: list[Any]) -> Any:
+        if self.shared:
+            return default_collate(examples)
+        batch = collate(examples, collate_fn_map=_PLAIN_STACK)
+        if not self.replaced and _tensor_bytes(batch) > PIPE_LIMIT:
+            self.shared = True
+        return batch
+
+
+def _stack(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
+    if batch[0].is_nested or batch[0].layout != torch.strided:
+        return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # torch's own errors
+    return torch.stack(batch, 0)
+
+
+_PLAIN_STACK = {**default_collate_fn_map, torch.Tensor: _stack}
 
 
 def _plain(t: torch.Tensor) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from dataecho import augment
 from dataecho.app.config import TrainConfig
 from dataecho.app.sources.austen import DEFAULT_PACKAGE_DIR
 from dataecho.app.sources.austen import INSTALL_COMMAND as AUSTEN_INSTALL
@@ -63,8 +64,9 @@ def test_in_memory_upstream_is_throttled_map_style_data(fm_dir):
     other = build_data(dataclasses.replace(cfg, train_examples=499))
     same = build_data(cfg)
     assert other.identity != data.identity == same.identity  # the content is named
-    # Augmented batch by batch, except after augmentation, where the copies must be identical.
-    assert data.transform is None and isinstance(data.batch_transform, Augment)
+    # Augmented batch by batch (shifted and flipped as uint8: the step normalises), except
+    # after augmentation, where the copies must be identical.
+    assert data.transform is None and isinstance(data.batch_transform, augment.ShiftFlip)
     after = build_data(dataclasses.replace(cfg, where="after_augment"))
     assert isinstance(after.transform, Augment) and after.batch_transform is None
     inputs, labels = data.eval_set

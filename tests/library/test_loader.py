@@ -624,11 +624,15 @@ class SlowNumbers(Numbers):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("where", "num_workers"), [("after_augment", 0), ("batch", 1)])
+@pytest.mark.parametrize(("where", "num_workers"), [("after_augment", 0), ("batch", 1),
+                                                    ("before_augment", 0), ("before_augment", 1)])  # fmt: skip
 def test_auto_echoes_only_while_fresh_data_is_late(where, num_workers):
+    # Before augmentation each copy is augmented (identical copies would be refused there).
+    augment = {"transform": add_noise} if where == "before_augment" else {}
     fast = EchoingDataLoader(
-        Numbers(400), batch_size=8, echo_factor="auto", where=where, num_workers=num_workers
-    )
+        Numbers(400), batch_size=8, echo_factor="auto", where=where, num_workers=num_workers,
+        **augment,
+    )  # fmt: skip
     for _ in fast:
         time.sleep(0.01)  # the step is slow, upstream instant: nothing to echo
     assert fast.stats.fresh_examples == 400
@@ -642,12 +646,37 @@ def test_auto_echoes_only_while_fresh_data_is_late(where, num_workers):
         where=where,
         num_workers=num_workers,
         seed=0,
+        **augment,
     )
     counts = collections.Counter(labels_of(slow))  # the step is instant, upstream slow
     assert set(counts) == set(range(64))  # every fresh example delivered
     assert max(counts.values()) <= 3  # never more than max_echo_factor
     assert slow.stats.fresh_examples == 64
     assert slow.stats.realized_factor > 1.5
+
+
+def add_one_in_place(example):
+    """Writes into its input: a copy that shared memory with another would show it."""
+    x, y = example
+    x.add_(1)
+    return x, y
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_auto_before_augment_hands_each_copy_to_the_transform_as_its_own_object(num_workers):
+    # Upstream slow, step instant: most emissions reuse an example; every copy must still
+    # start from the pristine example, however often it was emitted before.
+    loader = EchoingDataLoader(
+        SlowNumbers(48, delay=0.01), batch_size=8, echo_factor="auto", max_echo_factor=4,
+        shuffle_buffer=16, transform=add_one_in_place, num_workers=num_workers, seed=0,
+    )  # fmt: skip
+    batches = list(loader)
+    counts = collections.Counter(labels_of(batches))
+    assert set(counts) == set(range(48)) and max(counts.values()) <= 4
+    assert loader.stats.realized_factor > 1.5
+    for xs, ys in batches:
+        assert torch.equal(xs, (ys.float() + 1)[:, None].expand_as(xs))
 
 
 @pytest.mark.timeout(60)

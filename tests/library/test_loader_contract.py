@@ -350,13 +350,21 @@ class SlowNumbers(Numbers):
         return super().__getitem__(i)
 
 
+def noise(example):
+    x, y = example
+    return x + torch.rand(x.shape), y
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["after_augment", "before_augment"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_auto_with_a_shuffle_buffer_resumes_without_loss_and_with_the_right_counts(num_workers):
+def test_auto_with_a_shuffle_buffer_resumes_without_loss_and_with_the_right_counts(
+    num_workers, where
+):
     def make():
         return EchoingDataLoader(
-            SlowNumbers(400), batch_size=8, echo_factor="auto", where="after_augment",
-            shuffle_buffer=64, num_workers=num_workers, seed=1, shuffle=True,
+            SlowNumbers(400), batch_size=8, echo_factor="auto", where=where,
+            shuffle_buffer=64, num_workers=num_workers, seed=1, shuffle=True, transform=noise,
         )  # fmt: skip
 
     loader = make()

@@ -172,13 +172,14 @@ class FashionMNISTCNN(Workload):
     def transforms(self, cfg: RunSettings, *, sharded: bool) -> Transforms:
         # Echoing after augmentation needs the copies identical: per example, before echoing.
         # Elsewhere each example of a batch is drawn on its own in one call, much cheaper than
-        # a call per example, and on the device for where="device" (batches sent as uint8).
-        aug = Augment(pad=cfg.augment_pad)
+        # a call per example, and on the device for where="device". The workers shift and flip
+        # uint8 batches and the step normalises them (loss): a float32 batch is 4x the bytes
+        # that every copy would carry from the worker to the training process.
         if cfg.where == "device":
             return Transforms(device_transform=device_augment(cfg.augment_pad))
         if cfg.where == "after_augment":
-            return Transforms(transform=aug)
-        return Transforms(batch_transform=aug)
+            return Transforms(transform=Augment(pad=cfg.augment_pad))
+        return Transforms(batch_transform=augment.ShiftFlip(cfg.augment_pad))
 
     def write_shards(
         self, out: Path, data_dir: str | Path, *, examples: int | None, examples_per_shard: int,
@@ -201,6 +202,8 @@ class FashionMNISTCNN(Workload):
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         inputs, targets = batch
+        if inputs.dtype == torch.uint8:  # shifted and flipped in the workers, not normalised
+            inputs = normalize(inputs)
         return F.cross_entropy(model(inputs), targets)
 
     def evaluate(self, model: torch.nn.Module, split: Split) -> tuple[float, float | None, float]:
