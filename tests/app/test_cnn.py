@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dataecho.app.workloads.cnn import SmallCNN, evaluate
-from dataecho.app.workloads.image_augment import normalize
+from dataecho.app.config import TrainConfig
+from dataecho.app.workloads.cnn import CNN, SmallCNN, evaluate
+from dataecho.app.workloads.image_augment import Augment, normalize
 
 
 def test_shapes_and_size():
@@ -81,3 +82,20 @@ def test_it_learns_a_small_set():
         optimizer.step()
     after = evaluate(model, (images, labels))
     assert before < 0.3 and after.accuracy > 0.9
+
+
+@pytest.mark.parametrize("where", ["before_augment", "batch"])
+def test_the_workers_uint8_batches_train_as_the_augmented_float_batches_do(where):
+    # The workers shift and flip uint8 batches, the step normalises: the same draws and the
+    # same values as augmenting and normalising in the workers.
+    cfg = TrainConfig(where=where, augment_pad=2)
+    sent = CNN.transforms(cfg, sharded=True).batch_transform
+    images = torch.randint(0, 256, (64, 1, 28, 28), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (64,))
+    torch.manual_seed(5)
+    batch = sent((images, labels))
+    torch.manual_seed(5)
+    want, _ = Augment(pad=2)((images, labels))
+    assert batch[0].dtype == torch.uint8 and torch.equal(normalize(batch[0]), want)
+    model = SmallCNN()
+    assert torch.equal(CNN.loss(model, batch), F.cross_entropy(model(want), labels))
