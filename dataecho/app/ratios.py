@@ -7,8 +7,9 @@ Three ratios, against the first run without echo (the baseline), each with its t
 
 - ``auto``'s **fresh-example rate kept**: the examples it read from upstream per wall second of
   the whole run (evaluations included) over the baseline's. Adaptive echoing promises never to
-  slow the upstream, so 1 is the ideal. Read, not only trained on: at the stop a pool still
-  holds examples read whose first copy it has not emitted (``TrainResult.read_examples``).
+  slow the upstream, so 1 is the ideal. Read, not only trained on: at the stop a pool or a
+  worker's shuffle buffer still holds examples read whose first copy it has not emitted
+  (``TrainResult.read_examples``).
 - every echoed run's **wall gain / fresh gain**: the speedup in wall time to the target over
   the speedup in fresh examples to it. Echoing saves fresh examples; the wall time follows
   only as far as the pipeline keeps up, so this is the pipeline's efficiency (1: all of it).

@@ -57,6 +57,11 @@ class Delivery(BaseNode[list[Any]]):
         self.fresh = len(numbers)
         return list(map(_ITEM, tagged))
 
+    @property
+    def delivered(self) -> int:
+        """How many fresh examples have reached a delivered batch so far."""
+        return self._low + len(self._ahead)
+
     def get_state(self) -> dict[str, Any]:
         return {
             "source": self.source.state_dict(),

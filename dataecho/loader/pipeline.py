@@ -8,7 +8,9 @@ augments in ``__getitem__`` (a torchvision transform attribute, a Hugging Face
 
 Example echoing runs here, inside the worker (or the main process with ``num_workers=0``) that
 read the example, so an echoed copy never costs a second upstream read. Each pipeline yields
-``(batch, fresh_examples_in_it)`` so the main process can count fresh data across workers.
+``(batch, fresh_examples_in_it, (worker, waiting))`` so the main process can count fresh data
+across workers, and the examples each worker has read but not yet delivered once (held in its
+echo stage's buffers): with them, the examples read so far.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def read_indices(
 
 
 class PipelineIterator:
-    """A stateful iterator over ``(batch, fresh_count)``; ``StatefulDataLoader`` checkpoints it."""
+    """A stateful iterator over ``(batch, fresh_count, (worker, waiting))`` (see the module
+    docstring); ``StatefulDataLoader`` checkpoints it."""
 
     def __init__(self, owner: PipelineDataset) -> None:
         info = get_worker_info()
@@ -140,7 +143,8 @@ class PipelineIterator:
             # its part of the whole's extra copies, and their total varies a little.
             share = known_length(dataset)
         # The options' defaults are derived on construction: read_ahead is an int here.
-        node: BaseNode[Any] = Tagged(read_ahead(source, cast(int, opts.read_ahead)))
+        self._tagged = Tagged(read_ahead(source, cast(int, opts.read_ahead)))
+        node: BaseNode[Any] = self._tagged
         batches = example_batches(node, opts, seed, per_example=per_example,
                                   collate_fn=owner.collate_fn, length=share)  # fmt: skip
         self._delivery = Delivery(batches, opts.batch_size, drop_last=opts.drop_last)
@@ -154,14 +158,17 @@ class PipelineIterator:
             self.root = Mapper(self.root, opts.batch_transform)
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
         self._in_worker = info is not None
+        self._worker = worker
 
     def __iter__(self) -> PipelineIterator:
         return self
 
-    def __next__(self) -> tuple[Any, int]:
+    def __next__(self) -> tuple[Any, int, tuple[int, int]]:
         with self._rng:
             batch = next(self.root)
-        return (to_wire(batch) if self._pipe else batch), self._delivery.fresh
+        wire = to_wire(batch) if self._pipe else batch
+        waiting = self._tagged.count - self._delivery.delivered
+        return wire, self._delivery.fresh, (self._worker, waiting)
 
     def state_dict(self) -> dict[str, Any]:
         state = {"root": self.root.state_dict(), "rng": self._rng.state_dict()}

@@ -1,8 +1,9 @@
 """The worker boundary: the inner ``StatefulDataLoader`` as a node of the main-process chain.
 
 Each worker runs its own pipeline (:mod:`dataecho.loader.pipeline`) and sends ``(batch,
-fresh_count)``; this node unwraps the transport, adds the fresh counts to the loader's stats
-(at once, or when an adaptive stage reading ahead hands the batch on), checkpoints through
+fresh_count, (worker, waiting))``; this node unwraps the transport, adds the fresh counts to the
+loader's stats (at once, or when an adaptive stage reading ahead hands the batch on), keeps
+``stats.waiting_items`` at the sum of the workers' latest waiting counts, checkpoints through
 ``StatefulDataLoader.state_dict`` and shuts the workers down at the epoch's end, or, with
 ``persistent_workers``, leaves them to :class:`PersistentWorkers`, which keeps them across
 epochs.
@@ -103,6 +104,7 @@ class WorkersNode(BaseNode[Any]):
         self.counted_downstream = counted_downstream
         self.pending: collections.deque[int] = collections.deque()
         self._replays = 0  # the first pending entries: a resume's replay, already counted
+        self._waiting: dict[int, int] = {}  # worker -> read, not yet delivered, as it last said
         # Only worker processes send small batches as pickled arrays (loader/transport.py).
         self._piped = loader.num_workers > 0 and pipeline.pipe_small_batches
         self._it: Iterator[Any] | None = None
@@ -113,6 +115,7 @@ class WorkersNode(BaseNode[Any]):
         self.close()
         self.pending.clear()  # a resume re-reads what was read ahead but not handed out
         self._replays = 0
+        self._waiting.clear()
         if self._persistent is not None:
             self._it = self._persistent.start_epoch(initial_state)
             return
@@ -133,8 +136,10 @@ class WorkersNode(BaseNode[Any]):
             if it is None:  # closed: read by the reader thread of an epoch that has ended
                 raise StopIteration
             try:
-                batch, fresh = next(it)
+                batch, fresh, (worker, waiting) = next(it)
             except StopIteration:
+                if not self.counted_downstream:  # what is never delivered was not read for it
+                    self._stats.waiting_items = 0
                 raise
             except BaseException:
                 if self._persistent is not None:  # the inner iterator's state is unknown now
@@ -143,11 +148,13 @@ class WorkersNode(BaseNode[Any]):
         if self._piped:
             batch = from_wire(batch)
         if self.counted_downstream:
-            pass
-        elif self.deferred:
+            return batch  # the device's pool counts, and says what waits in it
+        if self.deferred:
             self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
         else:
             self._stats.fresh_examples += fresh
+        self._waiting[worker] = waiting
+        self._stats.waiting_items = sum(self._waiting.values())
         return batch
 
     def replaying(self, reads: int) -> None:

@@ -45,8 +45,9 @@ class EchoStats:
     ``wait_seconds``."""
     waiting_items: int
     """Fresh items read and held back, not yet emitted once (loader only: the examples waiting
-    in the device's pool with where="device"; 0 elsewhere). With ``fresh_items``, the items
-    read: an item counts fresh at its first emission."""
+    in the device's pool with where="device", or in the workers' echo stages and shuffle
+    buffers, as each worker last said; 0 elsewhere and at an epoch's end). With
+    ``fresh_items``, the items read: an item counts fresh at its first emission."""
     unit: str
     """What the item counters count: "examples" or "batches". Not part of the state: it
     follows from the source, and a checkpoint holds numbers only."""

@@ -962,3 +962,39 @@ def test_a_drain_changes_nothing_where_the_copies_wait_in_the_workers(where):
     assert not loader.drain() and not loader.drained
     rest = [int(y) for _, ys in [first, *it] for y in ys]
     assert collections.Counter(rest) == {i: 2 for i in range(12)}
+
+
+class CountedNumbers(Numbers):
+    """Numbers that count their reads, across worker processes (a shared counter)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.reads = multiprocessing.get_context("fork").Value("i", 0)
+
+    def __getitem__(self, i: int):
+        with self.reads.get_lock():
+            self.reads.value += 1
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_examples_held_in_a_workers_shuffle_buffer_count_as_read_not_yet_fresh(num_workers):
+    data = CountedNumbers(400)
+    loader = EchoingDataLoader(
+        data, batch_size=8, echo_factor=4, shuffle_buffer=64, transform=add_noise,
+        num_workers=num_workers, read_ahead=0, seed=0,
+    )  # fmt: skip
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    stats = loader.stats
+    # The buffer holds examples whose first copy has not left it: read, not yet fresh.
+    assert stats.waiting_items > 0
+    read = stats.fresh_examples + stats.waiting_items
+    if num_workers == 0:
+        assert read == data.reads.value  # in step: every read so far
+    else:
+        assert read <= data.reads.value  # the worker has read on since that batch
+    assert len(list(it)) > 0  # the rest of the epoch
+    assert stats.fresh_examples == 400 and stats.waiting_items == 0  # all delivered: none waits

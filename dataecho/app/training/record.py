@@ -44,7 +44,8 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # training loss of every step
     skipped_records: int = 0  # bad shard records skipped (on_bad_record="skip"), all workers
-    # Read but not yet trained on at the end: the examples waiting in the device's pool.
+    # Read but not yet trained on at the end: the examples waiting in the device's pool, or
+    # in the workers' echo stages and shuffle buffers.
     waiting_examples: int = 0
     # CPU seconds of this process's loader workers over the run (counted as they end); None
     # where the platform does not count child processes.
