@@ -13,16 +13,14 @@ tensors, lists, dicts, strings and numbers, so ``torch.load(weights_only=True)``
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
 import torch
 
-from dataecho.stages.copying import copy_item
+from dataecho.stages.copying import _DTYPE, _SHAPE, copy_item
 
 _PLAIN_SET = {int, float, bool, str, type(None)}
-_SHAPE, _DTYPE = attrgetter("shape"), attrgetter("dtype")
 
 
 def _opens(item: Any) -> bool:
