@@ -18,7 +18,8 @@ By default the worker's pipeline runs in the training process (``num_workers=0``
 stages): its CPU is the pipeline's alone. With ``--workers 1`` the worker process's CPU also
 holds the transport of every batch (pickled through the pipe, or shared memory for large ones:
 :mod:`dataecho.loader.transport`) and the worker's state snapshots, which the loader sends by
-default.
+default; two more identity cases without snapshots (``snapshot_every_n_steps`` past the run)
+price the snapshots' share of each extra copy.
 
     python -m benchmarks host_echo               # ~1 min; bench-results/host_echo/host_echo.md
     python -m benchmarks host_echo --workers 1   # the same, CPU of one worker process
@@ -43,6 +44,7 @@ from dataecho.app.workloads.image_augment import Augment
 TARGET_MS = 0.5  # dataecho's own worker CPU per extra copy of a batch of 128
 FACTOR = 4
 STREAM = 10**6  # examples: more than any window reads
+NO_SNAPSHOTS = 10**9  # a snapshot interval no window reaches
 
 
 def identity(example: Any) -> Any:
@@ -63,16 +65,18 @@ class Plan:
     read_ahead: int
 
 
-Case = tuple[str, int, bool]  # (transform, echo factor, whether it reads ahead)
+# (transform, echo factor, whether it reads ahead, whether workers send state snapshots)
+Case = tuple[str, int, bool, bool]
 
 
 def window(plan: Plan, data: Any, case: Case) -> float:
     """Worker CPU ms per fresh batch of one case (the main process's with ``workers=0``)."""
-    transform, e, reads_ahead = case
+    transform, e, reads_ahead, snapshots = case
     loader = EchoingDataLoader(
         data, batch_size=plan.batch_size, echo_factor=e, where="before_augment",
         transform=TRANSFORMS[transform], shuffle_buffer=plan.shuffle_buffer,
         num_workers=plan.workers, seed=0, read_ahead=plan.read_ahead if reads_ahead else 0,
+        snapshot_every_n_steps=None if snapshots else NO_SNAPSHOTS,
     )  # fmt: skip
     cpu = common.children_cpu_seconds if plan.workers else time.process_time
     it = iter(loader)
@@ -117,8 +121,8 @@ def rows(costs: dict[Case, list[float]]) -> tuple[list[list[str]], float]:
     per_copy: dict[str, list[float]] = {}
     out = []
     for name in TRANSFORMS:
-        base, echoed = costs[(name, 1, True)], costs[(name, FACTOR, True)]
-        per_copy[name] = [(b - a) / (FACTOR - 1) for a, b in zip(base, echoed, strict=True)]
+        base, echoed = costs[(name, 1, True, True)], costs[(name, FACTOR, True, True)]
+        per_copy[name] = extra_copy(base, echoed)
         extra = per_copy[name]
         spread = f" ({min(extra):.2f}-{max(extra):.2f})" if len(extra) > 1 else ""
         out.append([name, f"{statistics.median(base):.2f}", f"{statistics.median(echoed):.2f}",
@@ -127,12 +131,31 @@ def rows(costs: dict[Case, list[float]]) -> tuple[list[list[str]], float]:
     user = statistics.median([a - b for a, b in zip(per_copy["augment"], per_copy["identity"],
                                                     strict=True)])  # fmt: skip
     out.append(["augment - identity: the transform's own", "-", "-", f"{user:.2f}"])
-    if ("identity", 1, False) in costs:
-        thread = [a - b for a, b in zip(costs[("identity", 1, True)],
-                                        costs[("identity", 1, False)], strict=True)]  # fmt: skip
+    if ("identity", 1, False, True) in costs:
+        thread = [a - b for a, b in zip(costs[("identity", 1, True, True)],
+                                        costs[("identity", 1, False, True)], strict=True)]  # fmt: skip
         out.append(["the read-ahead thread's own, per fresh batch (identity, e=1)",
                     f"{statistics.median(thread):.2f}", "-", "-"])  # fmt: skip
+    if ("identity", 1, True, False) in costs:
+        base, echoed = costs[("identity", 1, True, False)], costs[("identity", FACTOR, True, False)]
+        without = extra_copy(base, echoed)
+        share = [a - b for a, b in zip(per_copy["identity"], without, strict=True)]
+        out.append(["identity without state snapshots", f"{statistics.median(base):.2f}",
+                    f"{statistics.median(echoed):.2f}", f"{statistics.median(without):.2f}"])  # fmt: skip
+        out.append(["the snapshots' share of an extra copy (identity)", "-", "-",
+                    f"{statistics.median(share):.2f}"])  # fmt: skip
     return out, own
+
+
+def extra_copy(base: list[float], echoed: list[float]) -> list[float]:
+    """Each round's CPU per extra copy from its e = 1 and e = FACTOR cases."""
+    return [(b - a) / (FACTOR - 1) for a, b in zip(base, echoed, strict=True)]
+
+
+def describe(case: Case) -> str:
+    transform, e, reads_ahead, snapshots = case
+    return (f"{transform} e={e}{'' if reads_ahead else ' read_ahead=0'}"
+            f"{'' if snapshots else ' no snapshots'}")  # fmt: skip
 
 
 HEADERS = ["transform", "ms / fresh batch, e=1", f"ms / fresh batch, e={FACTOR}",
@@ -147,11 +170,12 @@ def main(argv: list[str]) -> int:
     plan = Plan(a.batch_size, a.workers, a.shuffle_buffer, min(1.0, a.duration), a.duration,
                 a.read_ahead)  # fmt: skip
     data = PacedShapes(STREAM, (a.channels, a.image, a.image), 0.0, 0.0)
-    cases: list[Case] = [(name, e, True) for name in TRANSFORMS for e in (1, FACTOR)]
+    cases: list[Case] = [(name, e, True, True) for name in TRANSFORMS for e in (1, FACTOR)]
     if a.read_ahead:
-        cases.append(("identity", 1, False))
-    costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, c), log,
-                               lambda c: f"{c[0]} e={c[1]}{'' if c[2] else ' read_ahead=0'}")  # fmt: skip
+        cases.append(("identity", 1, False, True))
+    if a.workers:
+        cases += [("identity", e, True, False) for e in (1, FACTOR)]
+    costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, c), log, describe)
     table, own = rows(costs)
     verdict = "met" if own <= TARGET_MS else "MISSED"
     m = common.machine_summary()

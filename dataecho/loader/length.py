@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from dataecho.errors import DataechoTypeError
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import data_parallel_rank, is_map_style, reader_index, reader_share
@@ -45,7 +43,7 @@ def _shares(loader: Any) -> list[int] | None:
         n = len(loader.sampler)
         return [len(range(w, n, workers)) for w in range(workers)]
     rank, world = data_parallel_rank()
-    order = np.arange(len(dataset))  # the sizes of the shares do not depend on the order
+    order = range(len(dataset))  # the sizes of the shares do not depend on the order
     readers = world * workers
     return [
         len(reader_share(order, index=reader_index(rank, w, workers), readers=readers,

@@ -17,6 +17,10 @@ there: after ``kill -9`` of a training run such workers were seen alive, parente
   thread, which thread it is and the parent's pid, so the worker can tell.
 
 A worker ignores SIGINT: Ctrl-C is for the training process, which stops its workers itself.
+A signal that interrupts the training process while it fetches a batch's shared memory from a
+worker breaks that hand-over off; the worker's hand-over thread would print the broken
+connection as a traceback beside the run's clean stop, so it drops that one kind of error
+(:func:`quiet_broken_handovers`).
 And the training process takes a Ctrl-C or SIGTERM only once its workers are forked
 (:func:`signals_after_forks`): an exception a handler raises inside an at-fork hook is dropped,
 and one raised inside ``logging``'s leaves its lock held, so the next log call hangs.
@@ -25,6 +29,7 @@ and one raised inside ``logging``'s leaves its lock held, so the next log call h
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import sys
@@ -32,6 +37,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_sharer
+from types import TracebackType
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -77,8 +84,34 @@ class DieWithParent:
         # order (after its final checkpoint). A worker that broke off on its own could die
         # while handing a batch's shared memory over, and print that thread's traceback.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        quiet_broken_handovers()
         if self.user_fn is not None:
             self.user_fn(worker_id)
+
+
+# The errors of a hand-over whose receiver hung up mid-way: at the handshake, or before asking.
+_HUNG_UP = (EOFError, ConnectionError, multiprocessing.AuthenticationError)
+
+
+def quiet_broken_handovers() -> None:
+    """In this process, keep ``sys.excepthook`` from printing a shared-memory hand-over that
+    the receiver broke off; every other error still reaches the previous hook.
+
+    torch sends a tensor's shared memory as a file descriptor that the receiving process asks
+    for from the sender's ``multiprocessing.resource_sharer`` thread. When a signal stops the
+    receiver during that request, the thread's next read fails, and it reports that through
+    ``sys.excepthook``. The worker loses nothing: the batch belonged to the iterator the signal
+    stops.
+    """
+    previous = sys.excepthook
+    serve = resource_sharer._ResourceSharer._serve.__code__  # type: ignore[attr-defined]
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, _HUNG_UP) and tb is not None and tb.tb_frame.f_code is serve:
+            return
+        previous(kind, error, tb)
+
+    sys.excepthook = hook
 
 
 # What a user or a scheduler sends to stop a run; a handler of theirs may raise.

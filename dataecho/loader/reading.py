@@ -22,7 +22,7 @@ accelerate set up, without always setting ``RANK``), else from torchrun's ``RANK
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch.distributed as dist
@@ -62,9 +62,13 @@ def reader_index(rank: int, worker: int, num_workers: int) -> int:
     return rank * num_workers + worker
 
 
-def reader_share(order: np.ndarray, *, index: int, readers: int, equal: bool) -> np.ndarray:
+Order = TypeVar("Order", np.ndarray, range)
+
+
+def reader_share(order: Order, *, index: int, readers: int, equal: bool) -> Order:
     """The indices of ``order`` that reader number ``index`` of ``readers`` reads (a stride);
-    ``equal`` cuts the order to a multiple of ``readers`` first (equal shares for ranks)."""
+    ``equal`` cuts the order to a multiple of ``readers`` first (equal shares for ranks). A
+    ``range`` gives a ``range``: the share's size without making the order."""
     if equal and readers > 1:
         order = order[: len(order) - len(order) % readers]
     return order[index::readers]

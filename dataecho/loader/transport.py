@@ -46,7 +46,7 @@ def to_wire(batch: Any) -> Any:
     """``batch`` with its plain CPU tensors as :class:`_Piped` arrays, if it is small enough."""
     if _tensor_bytes(batch) > PIPE_LIMIT:
         return batch
-    return map_tensors(batch, lambda t: _Piped(t.numpy()) if _plain(t) else t)
+    return map_tensors(batch, lambda t: _Piped(t.numpy()) if pipeable(t) else t)
 
 
 def from_wire(batch: Any) -> Any:
@@ -84,8 +84,9 @@ def _stack(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Te
 _PLAIN_STACK = {**default_collate_fn_map, torch.Tensor: _stack}
 
 
-def _plain(t: torch.Tensor) -> bool:
-    # Only tensors numpy can hold exactly; others (grad, bfloat16, sparse...) keep shared memory.
+def pipeable(t: torch.Tensor) -> bool:
+    """Whether ``t`` can cross as a numpy array's bytes: numpy holds it exactly. Others (grad,
+    bfloat16, sparse, tensor subclasses) keep torch's shared memory."""
     return (
         t.layout == torch.strided
         and t.device.type == "cpu"

@@ -77,9 +77,14 @@ def _column(values: list[Any]) -> dict[str, Any] | None:
     """One leaf position across all items, stacked; None if it cannot be."""
     first = values[0]
     if isinstance(first, torch.Tensor):
-        if _alike(values, torch.Tensor):
+        if not (_all(values, torch.Tensor) and len(set(map(_DTYPE, values))) == 1):
+            return None
+        try:  # torch.stack checks the shapes itself, faster than reading each tensor's
             return {"kind": "tensor", "data": torch.stack(values)}
-        return None
+        except RuntimeError:
+            if len(set(map(_SHAPE, values))) > 1:
+                return None
+            raise
     if isinstance(first, np.ndarray) and first.dtype.kind in "biuf":
         if _alike(values, np.ndarray):
             return {"kind": "ndarray", "data": torch.from_numpy(np.stack(values))}
@@ -89,10 +94,14 @@ def _column(values: list[Any]) -> dict[str, Any] | None:
     return None
 
 
+def _all(values: list[Any], cls: type) -> bool:
+    return all(map(isinstance, values, repeat(cls)))
+
+
 def _alike(values: list[Any], cls: type) -> bool:
     """All instances of ``cls``, of one shape and one dtype (checked at C speed)."""
     return (
-        all(map(isinstance, values, repeat(cls)))
+        _all(values, cls)
         and len(set(map(_SHAPE, values))) == 1
         and len(set(map(_DTYPE, values))) == 1
     )

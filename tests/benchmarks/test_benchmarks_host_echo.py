@@ -26,3 +26,15 @@ def test_quick_run_tables_each_transform_and_the_verdict(capsys, tmp_path):
     verdict = "met" if "target <= 0.5 ms: met" in out else "MISSED"
     assert code == (0 if verdict == "met" else 1)
     assert (tmp_path / "host_echo.md").read_text().strip() in out
+
+
+def test_a_worker_run_prices_the_snapshots_share_of_a_copy(capsys, tmp_path):
+    host_echo.main(["--quick", "--duration", "0.3", "--image", "16", "--channels", "1",
+                    "--workers", "1", "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "1 loader worker(s)" in out
+    rows = {r.split("|")[1].strip(): r for r in out.splitlines() if r.startswith("| ")}
+    without = [c.strip() for c in rows["identity without state snapshots"].strip("|").split("|")]
+    assert all(math.isfinite(float(c.split()[0])) and float(c.split()[0]) > 0 for c in without[1:3])
+    share = rows["the snapshots' share of an extra copy (identity)"].strip("|").split("|")[-1]
+    assert math.isfinite(float(share))

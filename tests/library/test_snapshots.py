@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from dataecho.loader.options import LoaderOptions
 from dataecho.loader.snapshots import (
     CHEAP_BUFFER,
     SEND_ONCE_BYTES,
+    _InPipe,
     _SendOnce,
     send_once,
     snapshot_interval,
@@ -38,32 +40,57 @@ def test_interval_is_one_buffer_of_batches_without_workers_or_with_a_cheap_buffe
 def test_interval_stretches_by_the_batches_in_flight_when_a_buffer_is_costly():
     # StatefulDataLoader asks for a state with every batch it puts in flight near a snapshot
     # step: workers x (prefetch + 1) + 1 of them per interval.
-    opts = options(shuffle_buffer=1024)  # 8 batches per buffer
+    opts = options(shuffle_buffer=1024, echo_factor=1)  # 8 batches per buffer
     assert snapshot_interval(opts, 1, 8) == (1 * 9 + 1) * 8
     assert snapshot_interval(opts, 4, None) == (4 * 3 + 1) * 8  # torch's default prefetch: 2
+
+
+@pytest.mark.parametrize("factor", [2, 2.5, 4])
+def test_echoed_examples_pack_a_buffer_per_buffer_of_fresh_batches(factor):
+    # Each fresh batch leaves as e emitted ones: the interval, counted in emitted batches,
+    # holds as many fresh reads at any factor.
+    fresh = snapshot_interval(options(shuffle_buffer=1024, echo_factor=1), 1, 8)
+    assert snapshot_interval(options(shuffle_buffer=1024, echo_factor=factor), 1, 8) == round(
+        fresh * factor
+    )
 
 
 def test_loader_uses_the_interval_unless_given_one():
     data = [torch.zeros(2)] * 64
     kw = dict(batch_size=8, echo_factor=2, shuffle_buffer=256, num_workers=1)
-    # Example echoing: prefetch_factor = 2 x ceil(e) = 4, so the window is 1 x 5 + 1 batches.
-    assert EchoingDataLoader(data, **kw)._inner.snapshot_every_n_steps == 6 * 32
+    # Example echoing: prefetch_factor = 2 x ceil(e) = 4, so the window is 1 x 5 + 1 batches,
+    # of 32 fresh batches each (a buffer's worth), emitted twice.
+    assert EchoingDataLoader(data, **kw)._inner.snapshot_every_n_steps == 6 * 32 * 2
     given_one = EchoingDataLoader(data, snapshot_every_n_steps=5, **kw)
     assert given_one._inner.snapshot_every_n_steps == 5
 
 
-def test_send_once_wraps_only_large_tensors_and_unpickles_as_them():
+def test_send_once_wraps_large_tensors_to_drop_and_small_ones_to_pipe():
     big = torch.arange(SEND_ONCE_BYTES // 8, dtype=torch.int64)  # exactly the threshold
     small = torch.ones(SEND_ONCE_BYTES // 4 - 1)  # one float short of it
     state = {"buffer": [{"data": big}, small, "x", 3], "rng": (big,)}
     sent = send_once(state)
     assert isinstance(sent["buffer"][0]["data"], _SendOnce)
-    assert sent["buffer"][1] is small and sent["buffer"][2:] == ["x", 3]
+    assert isinstance(sent["buffer"][1], _InPipe) and sent["buffer"][1].tensor is small
+    assert sent["buffer"][2:] == ["x", 3]
     assert sent["rng"] == (big,)  # not a dict or list: left alone
     received = pickle.loads(pickle.dumps(sent))
     assert type(received["buffer"][0]["data"]) is torch.Tensor
     assert torch.equal(received["buffer"][0]["data"], big)
+    assert type(received["buffer"][1]) is torch.Tensor and torch.equal(received["buffer"][1], small)
     assert sent["buffer"][0]["data"].tensor is None  # the sender no longer holds it
+
+
+def test_a_sent_state_crosses_without_shared_memory():
+    # The loader's result queue pickles with ForkingPickler, which gives every tensor left as
+    # it is a shared-memory segment and a descriptor hand-over (torch's rebuild_storage_fd).
+    import torch.multiprocessing  # noqa: F401 - registers torch's reductions
+
+    state = {"pool": torch.zeros(SEND_ONCE_BYTES), "refs": torch.arange(9), "n": [torch.ones(2)]}
+    assert b"rebuild_storage" in bytes(ForkingPickler.dumps(state))  # the check sees it
+    wire = bytes(ForkingPickler.dumps(send_once(state)))
+    assert b"rebuild_storage" not in wire
+    assert same(state, pickle.loads(wire))
 
 
 def test_a_second_pickle_of_a_sent_tensor_fails_loudly():
