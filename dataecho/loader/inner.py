@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from dataecho.loader.lifetime import DieWithParent
+from dataecho.loader.lifetime import WorkerInit
 from dataecho.loader.options import default_prefetch
 from dataecho.loader.pipeline import PipelineDataset, unwrap_identity
 from dataecho.loader.snapshots import snapshot_interval
@@ -62,7 +62,7 @@ def inner_loader(
             num_workers=num_workers,
             collate_fn=unwrap_identity,
             pin_memory=pin,
-            worker_init_fn=DieWithParent(worker_init_fn),
+            worker_init_fn=WorkerInit(worker_init_fn),
             # The workers' base seed comes from the pipeline seed, not from torch's global
             # RNG, which belongs to the training loop.
             generator=torch.Generator().manual_seed(seed),

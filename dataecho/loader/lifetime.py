@@ -16,6 +16,10 @@ there: after ``kill -9`` of a training run such workers were seen alive, parente
   the polling thread alone, as do spawned workers. An at-fork hook records, in the forking
   thread, which thread it is and the parent's pid, so the worker can tell.
 
+A worker also moves the objects it inherits into the collector's permanent generation
+(``gc.freeze``), so the garbage collector's full passes, which the echo stages' allocations set
+off, walk only the worker's own objects.
+
 A worker ignores SIGINT: Ctrl-C is for the training process, which stops its workers itself.
 A signal that interrupts the training process while it fetches a batch's shared memory from a
 worker breaks that hand-over off; the worker's hand-over thread would print the broken
@@ -29,6 +33,7 @@ and one raised inside ``logging``'s leaves its lock held, so the next log call h
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import signal
@@ -64,8 +69,9 @@ def _watch(parent: int) -> None:
     os._exit(1)  # no cleanup: it could block on a pipe that nobody reads any more
 
 
-class DieWithParent:
-    """A ``worker_init_fn``: make the worker end with its parent, then run the user's own."""
+class WorkerInit:
+    """A ``worker_init_fn``: make the worker end with its parent, freeze the heap it inherits,
+    then run the user's own."""
 
     def __init__(self, user_fn: Callable[[int], Any] | None = None) -> None:
         self.user_fn = user_fn
@@ -85,6 +91,10 @@ class DieWithParent:
         # while handing a batch's shared memory over, and print that thread's traceback.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         quiet_broken_handovers()
+        # The inherited heap (torch's and the training process's objects, 170,000 of them
+        # here) lives as long as the worker: kept out of the collector, a full collection
+        # no longer walks it (0.1 s each time), nor writes to its pages.
+        gc.freeze()
         if self.user_fn is not None:
             self.user_fn(worker_id)
 

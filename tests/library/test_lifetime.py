@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import gc
 import os
 import queue
 import signal
@@ -25,7 +26,7 @@ import torch
 from conftest import alive, wait_until
 
 from dataecho import EchoingDataLoader
-from dataecho.loader.lifetime import POLL_SECONDS, DieWithParent, quiet_broken_handovers
+from dataecho.loader.lifetime import POLL_SECONDS, WorkerInit, quiet_broken_handovers
 
 EXAMPLES = 64
 # Within this of the training process's death its workers are gone (they poll every 0.1 s).
@@ -232,7 +233,24 @@ def test_the_users_worker_init_fn_still_runs(tmp_path):
                                worker_init_fn=functools.partial(mark_worker, tmp_path))  # fmt: skip
     assert len(list(loader)) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0", "worker-1"]
-    assert isinstance(loader._inner.worker_init_fn, DieWithParent)
+    assert isinstance(loader._inner.worker_init_fn, WorkerInit)
+
+
+class FreezeCounts(torch.utils.data.Dataset):
+    """Each example: how many objects the reading process's collector has frozen."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return gc.get_freeze_count()
+
+
+def test_a_worker_keeps_the_heap_it_inherits_out_of_the_collector():
+    frozen_here = gc.get_freeze_count()
+    batches = list(EchoingDataLoader(FreezeCounts(), batch_size=4, num_workers=1))
+    assert all(int(n) > frozen_here for batch in batches for n in batch)
+    assert gc.get_freeze_count() == frozen_here  # the training process's own collector: as it was
 
 
 # Ctrl-C pressed while the loader forks its workers: the SIGINT is sent from inside the fork
