@@ -31,7 +31,7 @@ class Settings:
     memory_growth: bool = True  # dataecho's worker peak by shuffle buffer size
     shuffle_sizes: tuple[int, ...] = (0, 2048, 8192, 32768)
     snapshot_factor: int = 4
-    snapshot_batches: int = 320  # per case: one default interval at e = 4, within one epoch of "auto"
+    snapshot_batches: int = 320  # per case: an e = 4 default interval, within an "auto" epoch
     snapshot_warmup: int = 20
     snapshot_rounds: int = 2
     target_ratios: tuple[float, ...] = (2, 4, 8)
