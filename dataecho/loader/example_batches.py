@@ -196,10 +196,9 @@ class ExampleBatches(Echo[Any]):
         # with C-speed maps, not a loop per entry: a worker packs this with every snapshot.
         numbers, items, news = zip(*self._entries, strict=True) if self._entries else ((), (), ())
         keys = list(zip(numbers, map(id, items), strict=True))
-        original = dict(
-            zip(keys, zip(numbers, items, strict=True), strict=True)
-        )  # each key's (number, item)
-        places = {key: place for place, key in enumerate(original)}  # in order of first entry
+        # Each key's (number, item), the keys in the order of their first entries.
+        original = dict(zip(keys, zip(numbers, items, strict=True), strict=True))
+        places = {key: place for place, key in enumerate(original)}
         return {
             **super()._get_stage_state(),
             "pool": pack(list(original.values())),
