@@ -39,7 +39,7 @@ BENCHMARKS = {
     "device": ("benchmarks.device", "echo on the training device vs host-side echo, e = 1-8"),
     "host_echo": (
         "benchmarks.host_echo",
-        "before_augment's own worker CPU per extra copy: e=1 vs e=4, identity vs augment",
+        "before_augment's own worker CPU per extra copy: e=1 vs e=4, per-example or batch transforms",
     ),
     "pool": ("benchmarks.pool", "the device pool's time per batch at 10-100 batches vs the step"),
     "persistent_workers": (

@@ -1,14 +1,20 @@
 """Host-side example echo's own cost: the loader worker's CPU per extra copy of a batch.
 
-``where="before_augment"`` at a fixed factor echoes examples inside the loader worker, each
-copy augmented there by the user's per-example ``transform=``. What one extra copy costs the
-worker is the transform's call plus dataecho's own work on the copy (copying, mixing,
-batching, counting). Measured side by side in one run, cases interleaved in rounds: the same
-loader at e = 1 (no echo) and e = 4, once with the application's per-example shift-flip-
-normalise (``dataecho.app.workloads.image_augment.Augment``) and once with an identity
-transform. Per extra copy = (worker CPU per fresh batch at e = 4 - at e = 1) / 3; the identity
-transform's figure is dataecho's own cost, the difference between the two the transform's.
-Target: dataecho's own CPU per extra copy at most 0.5 ms per batch of 128.
+``where="before_augment"`` at a fixed factor echoes examples inside the loader worker. What one
+extra copy costs the worker is dataecho's own work on the copy (mixing, batching, counting,
+and, where a per-example ``transform=`` follows, a separate object per copy) plus the
+transform's. Measured side by side in one run, cases interleaved in rounds: the same loader at
+e = 1 (no echo) and e = 4, with three transforms:
+
+- ``identity``: a per-example ``transform=`` that returns its example: each copy is its own
+  object, handed to the transform, then collated; what is left is dataecho's own cost.
+- ``augment``: the application's per-example shift-flip-normalise
+  (``dataecho.app.workloads.image_augment.Augment``); minus identity, the transform's own.
+- ``batch``: no per-example transform, an identity ``batch_transform=`` (how the demo's
+  before-augmentation run augments): the copies are collated as they are, no object per copy.
+
+Per extra copy = (worker CPU per fresh batch at e = 4 - at e = 1) / 3.
+Target: dataecho's own CPU per extra copy (identity) at most 0.5 ms per batch of 128.
 
 Every case reads ahead as much as echoing reads ahead by default (``read_ahead``: one batch,
 on a thread): at e = 1 the loader would not, so the read-ahead thread's CPU is per fresh read,
@@ -19,7 +25,9 @@ stages): its CPU is the pipeline's alone. With ``--workers 1`` the worker proces
 holds the transport of every batch (pickled through the pipe, or shared memory for large ones:
 :mod:`dataecho.loader.transport`) and the worker's state snapshots, which the loader sends by
 default; two more identity cases without snapshots (``snapshot_every_n_steps`` past the run)
-price the snapshots' share of each extra copy.
+price the snapshots' share of each extra copy, and one more prices torch's own part of a
+copy: a ``StatefulDataLoader`` worker that sends ready batches of the same shape, the same way
+(its CPU per batch is the worker loop and the transport, with no pipeline before them).
 
     python -m benchmarks host_echo               # ~1 min; bench-results/host_echo/host_echo.md
     python -m benchmarks host_echo --workers 1   # the same, CPU of one worker process
@@ -36,10 +44,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch.utils.data import IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
 from benchmarks import common
 from benchmarks.device.workload import PacedShapes
 from dataecho import EchoingDataLoader
 from dataecho.app.workloads.image_augment import Augment
+from dataecho.loader.transport import to_wire
 
 TARGET_MS = 0.5  # dataecho's own worker CPU per extra copy of a batch of 128
 FACTOR = 4
@@ -52,7 +65,13 @@ def identity(example: Any) -> Any:
     return example
 
 
-TRANSFORMS = {"identity": identity, "augment": Augment(pad=2)}
+# Each transform's loader keywords.
+TRANSFORMS: dict[str, dict[str, Any]] = {
+    "identity": {"transform": identity},
+    "augment": {"transform": Augment(pad=2)},
+    "batch": {"batch_transform": identity},
+}
+TRANSPORT = "torch's transport"  # the case of a worker that sends ready batches
 
 
 @dataclass(frozen=True)
@@ -72,11 +91,13 @@ Case = tuple[str, int, bool, bool]
 def window(plan: Plan, data: Any, case: Case) -> float:
     """Worker CPU ms per fresh batch of one case (the main process's with ``workers=0``)."""
     transform, e, reads_ahead, snapshots = case
+    if transform == TRANSPORT:
+        return transport_window(plan, data)
     loader = EchoingDataLoader(
         data, batch_size=plan.batch_size, echo_factor=e, where="before_augment",
-        transform=TRANSFORMS[transform], shuffle_buffer=plan.shuffle_buffer,
-        num_workers=plan.workers, seed=0, read_ahead=plan.read_ahead if reads_ahead else 0,
-        snapshot_every_n_steps=None if snapshots else NO_SNAPSHOTS,
+        shuffle_buffer=plan.shuffle_buffer, num_workers=plan.workers, seed=0,
+        read_ahead=plan.read_ahead if reads_ahead else 0,
+        snapshot_every_n_steps=None if snapshots else NO_SNAPSHOTS, **TRANSFORMS[transform],
     )  # fmt: skip
     cpu = common.children_cpu_seconds if plan.workers else time.process_time
     it = iter(loader)
@@ -92,6 +113,45 @@ def window(plan: Plan, data: Any, case: Case) -> float:
     finally:
         loader.close()
     return 1e3 * seconds / (fresh / plan.batch_size)
+
+
+class ReadyBatches(IterableDataset):
+    """A worker's stream of ready batches ``(images, labels)`` of ``data``'s shape, as
+    dataecho's worker sends them (:func:`dataecho.loader.transport.to_wire`): no pipeline before
+    the worker loop. Eight distinct batches in turn, so that no pickle repeats another's bytes."""
+
+    def __init__(self, data: PacedShapes, batch_size: int) -> None:
+        self.shape, self.batch_size = data.shape, batch_size
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(0)
+        images = torch.randint(0, 256, (8, self.batch_size, *self.shape), generator=g)
+        labels = torch.randint(0, 10, (8, self.batch_size), generator=g)
+        batches = [(images[i].to(torch.uint8).clone(), labels[i].clone()) for i in range(8)]
+        i = 0
+        while True:
+            yield to_wire(batches[i % 8])
+            i += 1
+
+
+def transport_window(plan: Plan, data: PacedShapes) -> float:
+    """torch's own worker CPU ms per batch sent: the worker loop and the transport alone."""
+    loader = StatefulDataLoader(ReadyBatches(data, plan.batch_size), batch_size=None,
+                                num_workers=plan.workers, snapshot_every_n_steps=NO_SNAPSHOTS)  # fmt: skip
+    it = iter(loader)
+    try:
+        warm_until = time.perf_counter() + plan.warmup
+        while time.perf_counter() < warm_until:
+            next(it)
+        cpu0, batches = common.children_cpu_seconds(), 0
+        end = time.perf_counter() + plan.duration
+        while time.perf_counter() < end:
+            next(it)
+            batches += 1
+        seconds = common.children_cpu_seconds() - cpu0
+    finally:
+        del it  # shuts the worker down
+    return 1e3 * seconds / batches
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -115,9 +175,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def rows(costs: dict[Case, list[float]]) -> tuple[list[list[str]], float]:
-    """One row per transform, one for the read-ahead thread; and dataecho's own ms per extra
-    copy (identity's median)."""
+def rows(costs: dict[Case, list[float]]) -> tuple[list[list[str]], dict[str, float]]:
+    """One row per transform, one for the read-ahead thread (and with workers, the snapshots'
+    and torch's transport's shares); and each transform's median ms per extra copy."""
     per_copy: dict[str, list[float]] = {}
     out = []
     for name in TRANSFORMS:
@@ -127,7 +187,6 @@ def rows(costs: dict[Case, list[float]]) -> tuple[list[list[str]], float]:
         spread = f" ({min(extra):.2f}-{max(extra):.2f})" if len(extra) > 1 else ""
         out.append([name, f"{statistics.median(base):.2f}", f"{statistics.median(echoed):.2f}",
                     f"{statistics.median(extra):.2f}{spread}"])  # fmt: skip
-    own = statistics.median(per_copy["identity"])
     user = statistics.median([a - b for a, b in zip(per_copy["augment"], per_copy["identity"],
                                                     strict=True)])  # fmt: skip
     out.append(["augment - identity: the transform's own", "-", "-", f"{user:.2f}"])
@@ -144,7 +203,15 @@ def rows(costs: dict[Case, list[float]]) -> tuple[list[list[str]], float]:
                     f"{statistics.median(echoed):.2f}", f"{statistics.median(without):.2f}"])  # fmt: skip
         out.append(["the snapshots' share of an extra copy (identity)", "-", "-",
                     f"{statistics.median(share):.2f}"])  # fmt: skip
-    return out, own
+    if (TRANSPORT, 1, False, False) in costs:
+        # Every extra copy is one more batch through the worker loop and the pipe.
+        sent = costs[(TRANSPORT, 1, False, False)]
+        out.append([f"{TRANSPORT}: a worker sending ready batches, per batch", "-", "-",
+                    f"{statistics.median(sent):.2f}"])  # fmt: skip
+        for name in ("identity", "batch"):
+            less = [a - b for a, b in zip(per_copy[name], sent, strict=True)]
+            out.append([f"{name}, less {TRANSPORT}", "-", "-", f"{statistics.median(less):.2f}"])
+    return out, {name: statistics.median(extra) for name, extra in per_copy.items()}
 
 
 def extra_copy(base: list[float], echoed: list[float]) -> list[float]:
@@ -154,6 +221,8 @@ def extra_copy(base: list[float], echoed: list[float]) -> list[float]:
 
 def describe(case: Case) -> str:
     transform, e, reads_ahead, snapshots = case
+    if transform == TRANSPORT:
+        return f"{TRANSPORT} (ready batches)"
     return (f"{transform} e={e}{'' if reads_ahead else ' read_ahead=0'}"
             f"{'' if snapshots else ' no snapshots'}")  # fmt: skip
 
@@ -175,8 +244,10 @@ def main(argv: list[str]) -> int:
         cases.append(("identity", 1, False, True))
     if a.workers:
         cases += [("identity", e, True, False) for e in (1, FACTOR)]
+        cases.append((TRANSPORT, 1, False, False))
     costs = common.interleaved(cases, a.rounds, lambda c: window(plan, data, c), log, describe)
-    table, own = rows(costs)
+    table, per_copy = rows(costs)
+    own = per_copy["identity"]
     verdict = "met" if own <= TARGET_MS else "MISSED"
     m = common.machine_summary()
     where = f"{a.workers} loader worker(s)" if a.workers else "in-process (num_workers=0)"
@@ -185,12 +256,13 @@ def main(argv: list[str]) -> int:
         f"host_echo {' '.join(argv)}`.\nMachine: {m['cpu']}; torch {m['torch']}; {threads}. "
         f"Load before: {load}; after: {common.load_average()}.\nwhere=before_augment, images "
         f"{a.channels}x{a.image}x{a.image} uint8, batch {a.batch_size}, shuffle_buffer "
-        f"{a.shuffle_buffer}, read_ahead {a.read_ahead} in every case but the last row's, "
-        f"{where}; {a.rounds} round(s) of {a.duration:g} s per case, "
+        f"{a.shuffle_buffer}, read_ahead {a.read_ahead} in every loader case but the "
+        f"read-ahead thread's twin, {where}; {a.rounds} round(s) of {a.duration:g} s per case, "
         f"interleaved. CPU in ms per fresh batch of {a.batch_size} (medians over rounds).\n\n"
         + common.markdown_table(HEADERS, table, "lrrr")
         + f"\n\ndataecho's own CPU per extra copy (identity): {own:.2f} ms per batch of "
-        f"{a.batch_size}; target <= {TARGET_MS} ms: {verdict}.\n"
+        f"{a.batch_size}; target <= {TARGET_MS} ms: {verdict}. Without a per-example "
+        f"transform (batch): {per_copy['batch']:.2f} ms.\n"
     )
     from pathlib import Path
 

@@ -1,10 +1,12 @@
-"""The host_echo benchmark: a quick real run tables both transforms with finite figures."""
+"""The host_echo benchmark: a quick real run tables each transform with finite figures."""
 
 from __future__ import annotations
 
 import math
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:  # `python -m pytest` adds it; a bare `pytest` may not
@@ -19,8 +21,8 @@ def test_quick_run_tables_each_transform_and_the_verdict(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "images 1x16x16 uint8" in out
     rows = [line for line in out.splitlines() if line.startswith("| ")][2:]
-    assert [r.split("|")[1].strip() for r in rows][:2] == ["identity", "augment"]
-    for row in rows[:2]:
+    assert [r.split("|")[1].strip() for r in rows][:3] == ["identity", "augment", "batch"]
+    for row in rows[:3]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert all(math.isfinite(float(c.split()[0])) for c in cells[1:]), row
     verdict = "met" if "target <= 0.5 ms: met" in out else "MISSED"
@@ -28,7 +30,7 @@ def test_quick_run_tables_each_transform_and_the_verdict(capsys, tmp_path):
     assert (tmp_path / "host_echo.md").read_text().strip() in out
 
 
-def test_a_worker_run_prices_the_snapshots_share_of_a_copy(capsys, tmp_path):
+def test_a_worker_run_prices_the_snapshots_and_torchs_transport_per_copy(capsys, tmp_path):
     host_echo.main(["--quick", "--duration", "0.3", "--image", "16", "--channels", "1",
                     "--workers", "1", "--out", str(tmp_path)])  # fmt: skip
     out = capsys.readouterr().out
@@ -38,3 +40,14 @@ def test_a_worker_run_prices_the_snapshots_share_of_a_copy(capsys, tmp_path):
     assert all(math.isfinite(float(c.split()[0])) and float(c.split()[0]) > 0 for c in without[1:3])
     share = rows["the snapshots' share of an extra copy (identity)"].strip("|").split("|")[-1]
     assert math.isfinite(float(share))
+
+    def last(label: str) -> float:  # a row's last column, without the rounds' spread
+        return float(rows[label].strip("|").split("|")[-1].split()[0])
+
+    sent = last("torch's transport: a worker sending ready batches, per batch")
+    assert 0 < sent < 100  # ms per batch: a real worker sent real batches
+    for name in ("identity", "batch"):
+        assert last(f"{name}, less torch's transport") == pytest.approx(
+            last(name) - sent, abs=0.011
+        )
+    assert "Without a per-example transform (batch): " in out
