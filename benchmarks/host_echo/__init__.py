@@ -42,6 +42,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,19 +102,29 @@ def window(plan: Plan, data: Any, case: Case) -> float:
         snapshot_every_n_steps=None if snapshots else NO_SNAPSHOTS, **TRANSFORMS[transform],
     )  # fmt: skip
     cpu = common.children_cpu_seconds if plan.workers else time.process_time
-    it = iter(loader)
     try:
-        warm_until = time.perf_counter() + plan.warmup
-        while time.perf_counter() < warm_until:
-            next(it)
-        fresh0, cpu0 = loader.stats.fresh_items, cpu()
-        end = time.perf_counter() + plan.duration
-        while time.perf_counter() < end:
-            next(it)
-        seconds, fresh = cpu() - cpu0, loader.stats.fresh_items - fresh0
+        seconds, fresh = timed(iter(loader), plan, cpu, lambda: loader.stats.fresh_items)
     finally:
         loader.close()
     return 1e3 * seconds / (fresh / plan.batch_size)
+
+
+def timed(
+    it: Any, plan: Plan, cpu: Callable[[], float], progress: Callable[[], int] | None = None
+) -> tuple[float, int]:
+    """Take from ``it`` for ``plan.warmup`` s, then for ``plan.duration`` s: the CPU seconds
+    of the second window and how far ``progress`` (default: the batches taken) moved in it."""
+    taken = 0
+    count = progress or (lambda: taken)
+    warm_until = time.perf_counter() + plan.warmup
+    while time.perf_counter() < warm_until:
+        next(it)
+    start, cpu0 = count(), cpu()
+    end = time.perf_counter() + plan.duration
+    while time.perf_counter() < end:
+        next(it)
+        taken += 1
+    return cpu() - cpu0, count() - start
 
 
 class ReadyBatches(IterableDataset):
@@ -146,15 +157,7 @@ def transport_window(plan: Plan, data: PacedShapes) -> float:
         )
     it = iter(loader)
     try:
-        warm_until = time.perf_counter() + plan.warmup
-        while time.perf_counter() < warm_until:
-            next(it)
-        cpu0, batches = common.children_cpu_seconds(), 0
-        end = time.perf_counter() + plan.duration
-        while time.perf_counter() < end:
-            next(it)
-            batches += 1
-        seconds = common.children_cpu_seconds() - cpu0
+        seconds, batches = timed(it, plan, common.children_cpu_seconds)
     finally:
         del it  # shuts the worker down
     return 1e3 * seconds / batches
