@@ -41,6 +41,10 @@ BENCHMARKS = {
         "benchmarks.host_echo",
         "before_augment's own worker CPU per extra copy: e=1 vs e=4, per-example or batch transforms",
     ),
+    "transport": (
+        "benchmarks.transport",
+        "a worker's batch through the pipe vs shared memory: CPU per batch by size",
+    ),
     "pool": ("benchmarks.pool", "the device pool's time per batch at 10-100 batches vs the step"),
     "persistent_workers": (
         "benchmarks.persistent_workers",

@@ -5,7 +5,7 @@ descriptor passed over a socket, then mapped and later unmapped by the receiver.
 batches that fixed cost dominates: receiving the same bytes pickled through the pipe takes
 less of the training process's CPU. For large batches copying the bytes costs more than the
 mapping, so only batches up to :data:`PIPE_LIMIT` bytes go as plain arrays; larger ones keep
-shared memory.
+shared memory (``python -m benchmarks transport`` prices both ways per batch size).
 With example-level echoing every emitted batch crosses, so this cost is paid e times per fresh
 batch, on the core that runs the training step.
 
@@ -42,9 +42,10 @@ class _Piped:
         return (_Piped, (self.array,))
 
 
-def to_wire(batch: Any) -> Any:
-    """``batch`` with its plain CPU tensors as :class:`_Piped` arrays, if it is small enough."""
-    if _tensor_bytes(batch) > PIPE_LIMIT:
+def to_wire(batch: Any, limit: float = PIPE_LIMIT) -> Any:
+    """``batch`` with its plain CPU tensors as :class:`_Piped` arrays, if its tensors hold at
+    most ``limit`` bytes (``benchmarks/transport`` measures where the pipe stops paying)."""
+    if _tensor_bytes(batch) > limit:
         return batch
     return map_tensors(batch, lambda t: _Piped(t.numpy()) if pipeable(t) else t)
 

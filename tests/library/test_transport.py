@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import pickle
 
 import numpy as np
@@ -36,6 +37,13 @@ def test_round_trip_keeps_values_dtypes_and_structure():
     assert torch.equal(out["list"][0], batch["list"][0]) and out["list"][1] == 7
     out["image"].add_(1)  # the receiver owns writable memory
     assert not torch.equal(out["image"], batch["image"])
+
+
+def test_the_limit_decides_which_batches_are_piped():
+    big, small = torch.arange(PIPE_LIMIT // 8 + 1), torch.arange(4)
+    piped = to_wire((big, 1), limit=math.inf)
+    assert not isinstance(piped[0], torch.Tensor) and torch.equal(from_wire(piped)[0], big)
+    assert to_wire((small, 1), limit=0)[0] is small
 
 
 def test_large_batches_and_special_tensors_stay_tensors():
