@@ -19,6 +19,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -27,7 +28,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho.app.workloads.cnn import SmallCNN
 from dataecho.app.workloads.image_augment import normalize
@@ -245,3 +247,17 @@ def load_average() -> str:
 def results_dir(name: str) -> Path:
     """Where benchmark ``name`` writes its generated report by default: ``bench-results/NAME``."""
     return RESULTS / name
+
+
+NO_SNAPSHOTS = 10**9  # a snapshot interval no benchmark window reaches
+
+
+def ready_loader(batches: IterableDataset, workers: int) -> StatefulDataLoader:
+    """A plain ``StatefulDataLoader`` over an iterable of ready batches (no batching of its own,
+    no state snapshots): what torch alone costs per batch, beside a pipeline's loader."""
+    with warnings.catch_warnings():
+        # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        return StatefulDataLoader(
+            batches, batch_size=None, num_workers=workers, snapshot_every_n_steps=NO_SNAPSHOTS
+        )

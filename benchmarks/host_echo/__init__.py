@@ -48,7 +48,6 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,6 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from benchmarks import common
 from benchmarks.device.workload import PacedShapes
@@ -67,7 +65,6 @@ from dataecho.loader.transport import WorkerCollate, to_wire
 TARGET_MS = 0.5  # echoing's own worker CPU per extra copy of a batch of 128 (less a plain batch)
 FACTOR = 4
 STREAM = 10**6  # examples: more than any window reads
-NO_SNAPSHOTS = 10**9  # a snapshot interval no window reaches
 
 
 def identity(example: Any) -> Any:
@@ -107,7 +104,8 @@ def window(plan: Plan, data: Any, case: Case) -> float:
         data, batch_size=plan.batch_size, echo_factor=e, where="before_augment",
         shuffle_buffer=plan.shuffle_buffer, num_workers=plan.workers, seed=0,
         read_ahead=plan.read_ahead if reads_ahead else 0,
-        snapshot_every_n_steps=None if snapshots else NO_SNAPSHOTS, **TRANSFORMS[transform],
+        snapshot_every_n_steps=None if snapshots else common.NO_SNAPSHOTS,
+        **TRANSFORMS[transform],
     )  # fmt: skip
     cpu = common.children_cpu_seconds if plan.workers else time.process_time
     try:
@@ -138,8 +136,8 @@ def timed(
 class ReadyExamples(IterableDataset):
     """Batches of ready examples ``(image, label)`` of ``data``'s shape, collated and, in a
     worker, made ready to cross as dataecho's worker does it (``WorkerCollate``, then
-    ``to_wire``): what any loader pays per batch, with no pipeline before it. Eight distinct batches of separate examples in
-    turn, so that no batch repeats another's bytes or memory."""
+    ``to_wire``): what any loader pays per batch, with no pipeline before it. Eight distinct
+    batches of separate examples in turn, so that no batch repeats another's bytes or memory."""
 
     def __init__(self, data: PacedShapes, batch_size: int) -> None:
         self.shape, self.batch_size = data.shape, batch_size
@@ -161,13 +159,7 @@ class ReadyExamples(IterableDataset):
 
 def plain_window(plan: Plan, data: PacedShapes) -> float:
     """A plain loader's CPU ms per batch (its worker's, with workers): collate and transport."""
-    with warnings.catch_warnings():
-        # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
-        warnings.filterwarnings("ignore", message=".*set_vital.*")
-        ready = ReadyExamples(data, plan.batch_size)
-        loader = StatefulDataLoader(
-            ready, batch_size=None, num_workers=plan.workers, snapshot_every_n_steps=NO_SNAPSHOTS
-        )
+    loader = common.ready_loader(ReadyExamples(data, plan.batch_size), plan.workers)
     cpu = common.children_cpu_seconds if plan.workers else time.process_time
     it = iter(loader)
     try:

@@ -26,20 +26,17 @@ import math
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, default_collate
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from benchmarks import common
 from dataecho.loader.transport import PIPE_LIMIT, from_wire, to_wire
 
 ROWS = 128  # examples per batch
 WAYS = ("pipe", "shared memory")
-NO_SNAPSHOTS = 10**9  # a snapshot interval no window reaches
 
 Case = tuple[int, str]  # (batch bytes, way)
 
@@ -68,11 +65,7 @@ class Batches(IterableDataset):
 
 def window(case: Case, warmup: float, duration: float) -> tuple[float, float]:
     """CPU ms per batch of one case: (the worker's, the training process's)."""
-    with warnings.catch_warnings():
-        # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
-        warnings.filterwarnings("ignore", message=".*set_vital.*")
-        loader = StatefulDataLoader(Batches(*case), batch_size=None, num_workers=1,
-                                    snapshot_every_n_steps=NO_SNAPSHOTS)  # fmt: skip
+    loader = common.ready_loader(Batches(*case), workers=1)
     it = iter(loader)
     try:
         warm_until = time.perf_counter() + warmup
