@@ -112,6 +112,19 @@ def seed(value: object) -> int | None:
     return non_negative_int(value, name="seed", hint="pass a non-negative int or None")
 
 
+def saved_state(state: dict[str, Any], keys: tuple[str, ...], *, holds: str) -> None:
+    """Refuse a state that lacks any of ``keys``: another stage's, or one saved by another
+    version of dataecho, which would resume at the wrong place if read with defaults."""
+    missing = [key for key in keys if key not in state]
+    if missing:
+        raise DataechoValueError(
+            f"this state holds no {holds} of this dataecho (missing {', '.join(missing)}; "
+            f"keys: {', '.join(sorted(state))}): it comes from another stage or another "
+            "version of dataecho; resume it with the dataecho that wrote it, or start the run "
+            "anew"
+        )
+
+
 class Check:
     """A kind of value: ``check(name, value)`` normalises or raises; ``parse`` reads text."""
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataecho import _validate
 from dataecho.stages.copying import Plan, copy_items, copy_plan
 from dataecho.stages.fixed_echo import Echo
 from dataecho.stages.packing import pack, unpack
@@ -47,6 +48,8 @@ from dataecho.transforms import GuardedTransform
 # One pool entry: (read number, the original example, whether its copy must be a new object).
 Entry = tuple[int, Any, bool]
 _MIXED: Plan = ("mixed",)  # pooled originals of more than one copy plan
+# What a saved pool holds, besides the echo stage's fields.
+POOL_STATE_KEYS = ("pool", "refs", "new", "exhausted", "draws", "random_order")
 
 
 class ExampleBatches(Echo[Any]):
@@ -211,6 +214,9 @@ class ExampleBatches(Echo[Any]):
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
         super()._load_stage_state(state)
+        # "random_order": the pool is saved in the random order its batches are taken from
+        # (the last entries); a pool of a version that took them from anywhere is refused.
+        _validate.saved_state(state, POOL_STATE_KEYS, holds="example pool in random order")
         stored = unpack(state["pool"])
         self._entries = [
             (*stored[place], new)
@@ -218,11 +224,6 @@ class ExampleBatches(Echo[Any]):
         ]
         self._exhausted = bool(state["exhausted"])
         self._draws, self._saved_draws = None, state["draws"]
-        if not state.get("random_order", False) and self._entries:
-            # A pool saved by a version that drew its batches from anywhere in it: put it in
-            # random order once, as taking the last entries needs.
-            order = self._generator().permutation(len(self._entries)).tolist()
-            self._entries = [self._entries[i] for i in order]
         originals = {id(item): item for _, item, new in self._entries if new}
         self._plan = None
         if originals:

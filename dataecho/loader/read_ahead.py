@@ -25,7 +25,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from dataecho.errors import DataechoValueError
+from dataecho import _validate
 from dataecho.stages.background import ThreadedNode
 
 # Examples per hand-over from the read-ahead thread.
@@ -118,12 +118,7 @@ class ReadAhead(BaseNode[Any]):
             self._thread.reset()
             self._chunk_state = None
             return
-        if "place" not in initial_state:
-            raise DataechoValueError(
-                "this state holds no read-ahead position of this dataecho (keys: "
-                f"{', '.join(sorted(initial_state))}): it comes from another version of "
-                "dataecho; resume it with the dataecho that wrote it, or start the run anew"
-            )
+        _validate.saved_state(initial_state, ("source", "place"), holds="read-ahead position")
         self._thread.reset(initial_state["source"])
         self._chunk_state = initial_state["source"]
         try:

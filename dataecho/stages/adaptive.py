@@ -185,8 +185,9 @@ class AdaptiveEcho(Stage[T]):
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
+        _validate.saved_state(state, ("skip", "buffer", "counts", "done"), holds="reuse buffer")
         self._pool.load(unpack(state["buffer"]), state["counts"])
-        self._since_anchor = int(state.get("skip", 0))  # states from before anchors: 0
+        self._since_anchor = int(state["skip"])
         self._done = bool(state["done"])
 
     def close(self, timeout: float | None = None) -> bool:

@@ -16,11 +16,15 @@ from torch.utils.data import DataLoader
 from torchdata.nodes import BaseNode, IterableWrapper, Loader
 from torchdata.nodes.types import Stateful
 
+from dataecho import _validate
 from dataecho.errors import DataechoTypeError
 from dataecho.stages.seeds import derive_seed, resolve_seed
 from dataecho.stages.stats import EchoStats, item_unit
 
 T = TypeVar("T")
+
+# What every stage's state holds (get_state), before the stage's own fields.
+STAGE_STATE_KEYS = ("epoch", "seed", "source", "rng", "stats", "ended")
 
 
 def as_node(source: Iterable[T]) -> BaseNode[T]:
@@ -93,11 +97,10 @@ class Stage(BaseNode[T], Generic[T]):
             self._rng = random.Random(derive_seed(self.seed, self.STAGE_ID, self._epoch))
             self._start_epoch()
         else:
+            _validate.saved_state(initial_state, STAGE_STATE_KEYS, holds="stage position")
             self._epoch = initial_state["epoch"]
             self.seed = initial_state["seed"]
-            # States saved before stages recorded the end resume as mid-epoch: the next
-            # next() raises StopIteration, and the iter() after that starts the next epoch.
-            self._ended = bool(initial_state.get("ended", False))
+            self._ended = bool(initial_state["ended"])
             self._source_at_end = initial_state["source"] if self._ended else None
             if not (self._ended and _restarted_from_saved_state(self.source)):
                 # Only the next epoch reads a deferred source again. Restored now, a plain

@@ -58,6 +58,10 @@ def draw_distinct(rng: np.random.Generator, n: int, k: int, owner: np.ndarray) -
     return drawn
 
 
+# What a saved pool holds, besides every stage's fields.
+MIX_STATE_KEYS = ("pool", "held", "free", "sizes", "exhausted", "examples", "undelivered",
+                  "newest", "first_deliveries", "draws")  # fmt: skip
+
 # Rows per batch number in an example's key (n * ROWS + row): more than a batch can hold.
 ROWS = 1 << 24
 
@@ -290,12 +294,7 @@ class MixExamples(Stage[Any]):
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        if "held" not in state:
-            raise DataechoValueError(
-                "this state holds no example pool of this dataecho (keys: "
-                f"{', '.join(sorted(state))}): it comes from another stage or another version "
-                "of dataecho; resume it with the dataecho that wrote it, or start the run anew"
-            )
+        _validate.saved_state(state, MIX_STATE_KEYS, holds="example pool")
         self._start_epoch()
         if state["pool"] is not None:
             self._layout = RowLayout(state["pool"])

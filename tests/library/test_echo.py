@@ -655,17 +655,25 @@ def test_every_stage_under_a_torchdata_loader_resumes_from_an_end_state(kind, so
             assert node.close(timeout=5.0)
 
 
-def test_state_without_an_end_flag_resumes_as_before() -> None:
-    # A checkpoint from before stages saved "ended": its end resumes as a mid-epoch position.
-    node = echo(list(range(4)), 2, seed=0)
-    list(node)
+@pytest.mark.parametrize(
+    ("kind", "key"),
+    [("echo", "ended"), ("echo", "rng"), ("adaptive", "ended"), ("adaptive", "skip")],
+)
+def test_a_state_missing_a_field_is_refused_naming_it(kind, key) -> None:
+    # A state of another version (a stage without its end flag, an adaptive stage without its
+    # replay count) would resume at the wrong place if read with a default.
+    make = {"echo": lambda: echo(list(range(4)), 2, seed=0),
+            "adaptive": lambda: adaptive_echo(list(range(4)), max_factor=2, seed=0)}[kind]  # fmt: skip
+    node = make()
+    next(node)
     state = node.state_dict()
-    del state["ended"]
-    resumed = echo(list(range(4)), 2, seed=0)
-    resumed.reset(state)
-    assert list(resumed) == []  # the rest of the finished epoch
-    assert list(resumed) == [0, 0, 1, 1, 2, 2, 3, 3]  # then the next epoch
-    assert resumed.state_dict()["epoch"] == 1
+    del state[key]
+    resumed = make()
+    with pytest.raises(ValueError, match=f"missing {key}; keys: .*start the run anew"):
+        resumed.reset(state)
+    for stage in (node, resumed):
+        if isinstance(stage, AdaptiveEcho):
+            assert stage.close(timeout=5.0)
 
 
 def test_composed_stages_each_start_their_next_epoch() -> None:
