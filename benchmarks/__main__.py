@@ -45,6 +45,10 @@ BENCHMARKS = {
         "benchmarks.transport",
         "a worker's batch through the pipe vs shared memory: CPU per batch by size",
     ),
+    "evaluation": (
+        "benchmarks.evaluation",
+        "one evaluation of the demo's CNN by chunk size, alone and beside a busy step",
+    ),
     "pool": ("benchmarks.pool", "the device pool's time per batch at 10-100 batches vs the step"),
     "persistent_workers": (
         "benchmarks.persistent_workers",
