@@ -22,7 +22,6 @@ import threading
 import time
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks import common
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR, load_split
@@ -50,17 +49,13 @@ class StepLoop:
         self._warm.wait()
 
     def _run(self) -> None:
-        model = SmallCNN()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-        x, y = torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))
-        for step in itertools.count():
+        step = common.SyntheticStep()
+        x, y = torch.randn(BATCH, *common.IMAGE_SHAPE), torch.randint(0, 10, (BATCH,))
+        for taken in itertools.count():
             if self._stop.is_set():
                 return
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if step == 3:
+            step(x, y)
+            if taken == 3:
                 self._warm.set()
 
     def close(self) -> None:

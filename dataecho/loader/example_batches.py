@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataecho import _validate
 from dataecho.stages.copying import Plan, copy_items, copy_plan
 from dataecho.stages.fixed_echo import Echo
 from dataecho.stages.packing import pack, unpack
@@ -48,13 +47,16 @@ from dataecho.transforms import GuardedTransform
 # One pool entry: (read number, the original example, whether its copy must be a new object).
 Entry = tuple[int, Any, bool]
 _MIXED: Plan = ("mixed",)  # pooled originals of more than one copy plan
-# What a saved pool holds, besides the echo stage's fields.
-POOL_STATE_KEYS = ("pool", "refs", "new", "exhausted", "draws", "random_order")
 
 
 class ExampleBatches(Echo[Any]):
     """Batches of ``batch_size`` copies of ``source``'s tagged examples; see the module
     docstring. ``transform``: run on each copy (None: copies pass as they are)."""
+
+    # "random_order": the pool is saved in the random order its batches are taken from (its
+    # last entries); a pool of a version that took them from anywhere is refused.
+    STATE_KEYS = ("pool", "refs", "new", "exhausted", "draws", "random_order")
+    STATE_HOLDS = "example pool in random order"
 
     def __init__(
         self,
@@ -214,9 +216,6 @@ class ExampleBatches(Echo[Any]):
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
         super()._load_stage_state(state)
-        # "random_order": the pool is saved in the random order its batches are taken from
-        # (the last entries); a pool of a version that took them from anywhere is refused.
-        _validate.saved_state(state, POOL_STATE_KEYS, holds="example pool in random order")
         stored = unpack(state["pool"])
         self._entries = [
             (*stored[place], new)

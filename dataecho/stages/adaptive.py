@@ -68,6 +68,8 @@ class AdaptiveEcho(Stage[T]):
     """Fresh items first, reuse only while upstream is late; see :func:`adaptive_echo`."""
 
     STAGE_ID = STAGE_ADAPTIVE
+    STATE_KEYS = ("skip", "buffer", "counts", "done")
+    STATE_HOLDS = "reuse buffer"
 
     def __init__(
         self,
@@ -185,7 +187,6 @@ class AdaptiveEcho(Stage[T]):
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        _validate.saved_state(state, ("skip", "buffer", "counts", "done"), holds="reuse buffer")
         self._pool.load(unpack(state["buffer"]), state["counts"])
         self._since_anchor = int(state["skip"])
         self._done = bool(state["done"])

@@ -54,6 +54,10 @@ class Stage(BaseNode[T], Generic[T]):
     """
 
     STAGE_ID = 0
+    # The stage's own fields in its state, checked with every stage's (STAGE_STATE_KEYS) before
+    # anything is loaded, and what the refusal says such a state lacks.
+    STATE_KEYS: tuple[str, ...] = ()
+    STATE_HOLDS = "stage position"
 
     def __init__(self, source: Iterable[Any], *, seed: int | None = None) -> None:
         super().__init__()
@@ -97,7 +101,8 @@ class Stage(BaseNode[T], Generic[T]):
             self._rng = random.Random(derive_seed(self.seed, self.STAGE_ID, self._epoch))
             self._start_epoch()
         else:
-            _validate.saved_state(initial_state, STAGE_STATE_KEYS, holds="stage position")
+            keys = STAGE_STATE_KEYS + self.STATE_KEYS
+            _validate.saved_state(initial_state, keys, holds=self.STATE_HOLDS)
             self._epoch = initial_state["epoch"]
             self.seed = initial_state["seed"]
             self._ended = bool(initial_state["ended"])

@@ -58,10 +58,6 @@ def draw_distinct(rng: np.random.Generator, n: int, k: int, owner: np.ndarray) -
     return drawn
 
 
-# What a saved pool holds, besides every stage's fields.
-MIX_STATE_KEYS = ("pool", "held", "free", "sizes", "exhausted", "examples", "undelivered",
-                  "newest", "first_deliveries", "draws")  # fmt: skip
-
 # Rows per batch number in an example's key (n * ROWS + row): more than a batch can hold.
 ROWS = 1 << 24
 
@@ -79,6 +75,9 @@ class MixExamples(Stage[Any]):
     """
 
     STAGE_ID = STAGE_MIX
+    STATE_KEYS = ("pool", "held", "free", "sizes", "exhausted", "examples", "undelivered",
+                  "newest", "first_deliveries", "draws")  # fmt: skip
+    STATE_HOLDS = "example pool"
 
     def __init__(
         self,
@@ -294,7 +293,6 @@ class MixExamples(Stage[Any]):
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        _validate.saved_state(state, MIX_STATE_KEYS, holds="example pool")
         self._start_epoch()
         if state["pool"] is not None:
             self._layout = RowLayout(state["pool"])
