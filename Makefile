@@ -24,10 +24,12 @@ $(BIN)/python:
 FIND_LINKS := $(sort $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 
 # Reinstall only when the dependency list changes.
-$(STAMP): pyproject.toml constraints-dev.txt | $(BIN)/python
+# overrides-dev.txt lifts the caps mosaicml-streaming puts on the rest of the set-up.
+$(STAMP): pyproject.toml constraints-dev.txt overrides-dev.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -c constraints-dev.txt uv
 	$(BIN)/uv pip install -q --python $(BIN)/python \
-		$(addprefix --find-links ,$(FIND_LINKS)) -c constraints-dev.txt -e '.[dev]'
+		$(addprefix --find-links ,$(FIND_LINKS)) -c constraints-dev.txt \
+		--overrides overrides-dev.txt -e '.[dev]'
 	touch $(STAMP)
 
 system-packages: $(STAMP)

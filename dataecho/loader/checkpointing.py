@@ -25,6 +25,19 @@ from dataecho.loader.workers import PersistentWorkers
 from dataecho.stages import EchoStats
 
 
+def finish_restored_pass(dataset: Any, saved: Any) -> None:
+    """Restore an iterable dataset's state saved after its pass ended, so that its next
+    ``iter()`` is the next pass. A state that restores the end of the pass itself (a position)
+    is run to that end first, as it was before it was saved; one that restores the start of
+    the next pass (an epoch counter) is restored again after the item that showed it."""
+    dataset.load_state_dict(saved)
+    try:
+        next(iter(dataset))
+    except StopIteration:
+        return
+    dataset.load_state_dict(saved)
+
+
 class LoaderCheckpoint:
     """``state_dict`` / ``load_state_dict`` and the epoch properties of ``EchoingDataLoader``
     (a base class of it)."""
@@ -40,6 +53,7 @@ class LoaderCheckpoint:
     _dropped: dict[str, Any] | None  # the position of a dropped iterator
     _resume: dict[str, Any] | None  # a loaded position not yet iterated
     _resume_asked: int | None
+    num_workers: int
 
     # The loader's own, declared here for the methods below.
     @property
@@ -138,12 +152,21 @@ class LoaderCheckpoint:
         indices = self._pipeline.fields.indices if live else None  # a copy
         if indices is not None:
             state["indices"] = torch.from_numpy(indices)
-        if not live and is_stateful(self.dataset) and is_map_style(self.dataset):
-            # Between epochs, a map-style dataset's own state (a cache, counters) is kept. An
-            # iterable one's is a position in the pass just finished, which would make the
-            # next pass empty: its next iter() starts anew, as without a checkpoint.
+        if not live and self._keeps_own_state():
+            # Between epochs, the dataset's own state (a cache, an epoch counter) is kept, as
+            # StatefulDataLoader keeps it: the next epoch starts from it.
             state["dataset"] = self.dataset.state_dict()
         return state
+
+    def _keeps_own_state(self) -> bool:
+        """Whether the state between epochs holds the dataset's own: a map-style dataset's,
+        or an iterable one's read in this process (``num_workers=0``: with workers each reads
+        a copy, as with StatefulDataLoader). A streaming library's dataset is told the
+        loader's epoch instead (:mod:`dataecho.loader.streams`)."""
+        dataset = self.dataset
+        if not is_stateful(dataset) or self._pipeline.stream is not None:
+            return False
+        return is_map_style(dataset) or self.num_workers == 0
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next ``iter()`` continues where it stopped.
@@ -164,4 +187,7 @@ class LoaderCheckpoint:
         self._resume_asked = None
         if state.get("dataset") is not None:
             # Restored now, before iter(), so that a call made between (a set_epoch) applies.
-            self.dataset.load_state_dict(state["dataset"])
+            if is_map_style(self.dataset):
+                self.dataset.load_state_dict(state["dataset"])
+            else:
+                finish_restored_pass(self.dataset, state["dataset"])

@@ -47,6 +47,7 @@ from dataecho.loader.options import (
     check_options_alone,
 )
 from dataecho.loader.pipeline import PipelineDataset
+from dataecho.loader.upstream_loader import LoaderUpstream, check_loader_upstream, is_loader
 from dataecho.loader.workers import PersistentWorkers, WorkersNode
 from dataecho.stages import EchoStats
 from dataecho.stages.seeds import derive_seed, resolve_seed
@@ -183,6 +184,8 @@ class EchoingDataLoader(LoaderCheckpoint):
                 persistent_workers, self.num_workers,
             )  # fmt: skip
         self.options = options
+        if is_loader(dataset):  # the user's own loader: its batches are the upstream
+            check_loader_upstream(dataset, options.where, self.num_workers)
         # DataLoader's attributes, as Lightning and other frameworks read them.
         self.dataset = dataset
         self.batch_size = self.options.batch_size
@@ -338,12 +341,18 @@ class EchoingDataLoader(LoaderCheckpoint):
             )
         return EpochStart(root, workers, counting, settled, [first], resume["yielded"])
 
-    def _build_root(self) -> tuple[BaseNode[Any], WorkersNode, BaseNode[Any] | None]:
+    def _build_root(
+        self,
+    ) -> tuple[BaseNode[Any], WorkersNode | LoaderUpstream, BaseNode[Any] | None]:
         """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), its workers
         node, and its counting stage (or None)."""
         opts = self.options
-        workers = WorkersNode(self._inner, self._pipeline, self.stats,
-                              persistent=self._persistent, **workers_counting(opts))  # fmt: skip
+        workers: WorkersNode | LoaderUpstream
+        if is_loader(self.dataset):
+            workers = LoaderUpstream(self.dataset, self.stats, **workers_counting(opts))
+        else:
+            workers = WorkersNode(self._inner, self._pipeline, self.stats,
+                                  persistent=self._persistent, **workers_counting(opts))  # fmt: skip
         epoch = self._epoch
         root, counting = batch_stages(
             workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, stage),

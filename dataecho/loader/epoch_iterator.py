@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from torchdata.nodes import BaseNode
 
 from dataecho.loader.chains import close_chain, drain_stage, handed_on
+from dataecho.loader.upstream_loader import LoaderUpstream
 from dataecho.loader.workers import WorkersNode
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
@@ -37,7 +38,7 @@ class EpochStart(NamedTuple):
     """What starting an epoch gives its iterator."""
 
     root: BaseNode[Any]
-    workers: WorkersNode
+    workers: WorkersNode | LoaderUpstream
     counting: Any  # the stage whose fresh batches count once handed on (see WorkersNode), or None
     settled: int  # the counting stage's fresh batches already counted (a resumed epoch's)
     first: list[Any]  # a first batch already taken (a resumed epoch's), or none
@@ -66,7 +67,7 @@ class EpochIterator:
         self.superseded = False
         self._start: Callable[[], Any] | None = start
         self._first: list[Any] = []
-        self._workers: WorkersNode | None = None
+        self._workers: WorkersNode | LoaderUpstream | None = None
         self._counting: Any = None  # the stage whose fresh emissions settle the counts
         self._drain_stage: Any = None  # where drain() starts, once started (or None)
         self._settled = 0

@@ -45,8 +45,11 @@ def inner_loader(
     ``multiprocessing_context``, ``pin_memory_device``, ``in_order``) go to it as they are.
 
     ``device``: where ``where="device"`` echoes, or None. ``snapshot_every_n_steps`` None:
-    :func:`~dataecho.loader.snapshots.snapshot_interval`.
+    :func:`~dataecho.loader.snapshots.snapshot_interval`, or every batch over a streaming
+    library's dataset, whose reads a replay from an older snapshot would fetch again.
     """
+    if snapshot_every_n_steps is None and pipeline.stream is not None:
+        snapshot_every_n_steps = 1
     if snapshot_every_n_steps is None:
         snapshot_every_n_steps = snapshot_interval(pipeline.options, num_workers, prefetch_factor)
     # The copies to CUDA read pinned memory, pinned by the inner loader's own thread.

@@ -16,6 +16,7 @@ from typing import Any
 from dataecho.errors import DataechoTypeError
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import data_parallel_rank, is_map_style, reader_index, reader_share
+from dataecho.loader.upstream_loader import is_loader
 from dataecho.stages.fixed_echo import epoch_copies, known_length
 
 
@@ -55,7 +56,10 @@ def _shares(loader: Any) -> list[int] | None:
 def fresh_batches(loader: Any) -> int | None:
     """Batches the workers of ``loader`` (an ``EchoingDataLoader``) deliver in one epoch,
     before any batch echoing: each worker's share batched on its own (its last short batch
-    dropped with ``drop_last``). None for an iterable dataset without a length."""
+    dropped with ``drop_last``), or the user's loader's ``len`` where it is the upstream. None
+    for an iterable dataset without a length."""
+    if is_loader(loader.dataset):
+        return known_length(loader.dataset)
     shares = _shares(loader)
     return None if shares is None else _fresh(shares, loader.options)
 
@@ -67,6 +71,8 @@ def _fresh(shares: list[int], opts: LoaderOptions) -> int:
 def epoch_batches(loader: Any) -> int:
     """Batches ``loader`` (an ``EchoingDataLoader``) yields in one epoch."""
     opts: LoaderOptions = loader.options
+    if is_loader(loader.dataset):  # the user's loader: its batches, echoed
+        return _copies(len(loader.dataset), opts)
     shares = _shares(loader)
     if shares is None:
         raise DataechoTypeError(

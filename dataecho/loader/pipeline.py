@@ -40,6 +40,7 @@ from dataecho.loader.reading import (
 )
 from dataecho.loader.rng_scope import RngScope
 from dataecho.loader.snapshots import send_once
+from dataecho.loader.streams import find_stream
 from dataecho.loader.transport import WorkerCollate, to_wire
 from dataecho.stages.fixed_echo import known_length
 from dataecho.stages.seeds import STAGE_ORDER, STAGE_TRANSFORM, derive_seed
@@ -66,6 +67,8 @@ class PipelineDataset(IterableDataset):
         self.collate_fn = collate_fn
         self.fields = EpochFields(shared=persistent_workers)
         self.pipe_small_batches = True  # see dataecho.loader.transport; off for pin_memory
+        # A streaming library's dataset: read at explicit positions (dataecho.loader.streams).
+        self.stream = find_stream(dataset)
         self._live: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
     def __iter__(self) -> PipelineIterator:
@@ -136,9 +139,16 @@ class PipelineIterator:
             indices = read_indices(owner, worker=worker, num_workers=num_workers)
             source: BaseNode[Any] = IndexedReader(dataset, indices)
             share: int | None = len(indices)
+        elif owner.stream is not None:
+            source = owner.stream.reader(
+                dataset, epoch=epoch, worker=worker, num_workers=num_workers,
+                rank=fields.rank, world=fields.world,
+            )  # fmt: skip
+            # A worker's share of the stream, where the library says it up front.
+            share = getattr(source, "share", None)
         else:
             source = IterableReader(dataset)
-            # Its len, as len(loader) counts it (None: per-item draws). One that splits itself
+            # Its len, as len(loader) counts it (None: spread evenly). One that splits itself
             # over several workers does so where the loader cannot see: each worker then gives
             # its part of the whole's extra copies, and their total varies a little.
             share = known_length(dataset)

@@ -52,6 +52,12 @@ class _Failure:
         self.error = error
 
 
+class _Chunk(list):  # type: ignore[type-arg]
+    """Reads in a row; ``states``: the source's state after each, where it is cheap."""
+
+    states: list[Any] | None = None
+
+
 class _Chunks(BaseNode[list[Any]]):
     """On the reader's thread: lists of up to ``size`` reads; a failure is a chunk's last item,
     and reading stops after it."""
@@ -71,11 +77,18 @@ class _Chunks(BaseNode[list[Any]]):
         self.stopping.clear()  # the previous reader thread has ended: ReadAhead.reset waited
 
     def next(self) -> list[Any]:
-        chunk: list[Any] = []
+        chunk = _Chunk()
         stopping, source = self.stopping, self.source
+        # A source whose state is a few numbers (a streaming library's reader) gives its state
+        # after each item: a resume then starts past the items handed on, reading none again.
+        per_item = getattr(source, "CHEAP_STATE", False)
+        if per_item:
+            chunk.states = []
         try:
             while len(chunk) < self.size and not (self._failed or stopping.is_set()):
                 chunk.append(next(source))
+                if chunk.states is not None:
+                    chunk.states.append(source.state_dict())
         except StopIteration:
             pass
         except BaseException as error:  # noqa: BLE001  (the consumer raises it: see ReadAhead)
@@ -140,4 +153,7 @@ class ReadAhead(BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         if self._chunk_state is None:
             self._chunk_state = self._thread.state_dict()
+        states = getattr(self._chunk, "states", None)
+        if states and self._place:  # the source's own state after the item last handed on
+            return {"source": states[self._place - 1], "place": 0}
         return {"source": self._chunk_state, "place": self._place}

@@ -10,9 +10,11 @@ number of copies, and a training loop that reads ``len`` once sees every epoch w
 
 ``n`` is the stage's ``length``, else ``len(source)`` (a list, a sized Dataset, a DataLoader's
 batch count), taken at each epoch's start. Items beyond ``n`` (a source longer than said) get
-no extra copy; a shorter one leaves some extra copies out. With ``n`` unknown (a generator),
-each item draws its extra copy on its own, with probability ``frac``: the mean is exactly
-``factor``, but the count varies from epoch to epoch.
+no extra copy; a shorter one leaves some extra copies out. With ``n`` unknown (a stream, a
+generator), the extra copies are spread evenly from a seeded start ``u`` in [0, 1): item ``i``
+(from 0) gets one when ``frac * (i + 1) + u`` passes a whole number that ``frac * i + u`` had
+not, so any epoch of ``n`` items gets ``floor(frac * n)`` or ``ceil(frac * n)`` of them,
+whatever ``n`` turns out to be: the count cannot drift from epoch to epoch.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Echo(Stage[T]):
     """
 
     STAGE_ID = STAGE_ECHO
+    STATE_KEYS = ("pending", "copies", "remaining", "unseen", "extra_left", "seen", "phase")
 
     def __init__(
         self,
@@ -92,6 +95,9 @@ class Echo(Stage[T]):
         self._remaining = 0  # copies of _pending still to emit
         self._unseen: int | None = None  # items of the epoch not drawn for yet (None: unknown)
         self._extra_left = 0  # extra copies still to give among them
+        # Length unknown: items drawn for so far, and the seeded start of the even spread.
+        self._seen = 0
+        self._phase = 0.0
         self._draining = False  # drain(): nothing more is read
 
     def _start_epoch(self) -> None:
@@ -100,11 +106,15 @@ class Echo(Stage[T]):
         n = self.length if self.length is not None else known_length(self._sized)
         self._unseen = n
         self._extra_left = 0 if n is None else extra_copies(self.factor, n)
+        self._seen = 0
+        self._phase = self._rng.random() if n is None else 0.0
 
     def _draw_extra(self) -> bool:
         """Whether the item just read gets the extra copy."""
-        if self._unseen is None:  # length unknown: an independent draw per item
-            return self._extra_prob > 0 and self._rng.random() < self._extra_prob
+        if self._unseen is None:  # length unknown: spread evenly from the seeded start
+            i, self._seen = self._seen, self._seen + 1
+            frac, u = self._extra_prob, self._phase
+            return math.floor(frac * (i + 1) + u) > math.floor(frac * i + u)
         if self._unseen == 0:  # beyond the epoch's length: no extra copy
             return False
         left, unseen = self._extra_left, self._unseen
@@ -151,6 +161,8 @@ class Echo(Stage[T]):
             "remaining": self._remaining,
             "unseen": self._unseen,
             "extra_left": self._extra_left,
+            "seen": self._seen,
+            "phase": self._phase,
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
@@ -160,6 +172,8 @@ class Echo(Stage[T]):
         self._remaining = int(state["remaining"])
         self._unseen = None if state["unseen"] is None else int(state["unseen"])
         self._extra_left = int(state["extra_left"])
+        self._seen = int(state["seen"])
+        self._phase = float(state["phase"])
 
 
 def echo(

@@ -1,0 +1,125 @@
+"""A loader the user already has as the upstream of batch and device echo.
+
+``EchoingDataLoader(users_loader, where="batch" | "device", echo_factor=...)`` echoes the
+batches of a loader dataecho cannot look inside (torchdata's ``StatefulDataLoader``, mosaic's
+or litdata's ``StreamingDataLoader``, any ``torch.utils.data.DataLoader``): the user's loader
+keeps its dataset, workers, sampler and resume protocol, and :class:`LoaderUpstream` takes the
+place of dataecho's own workers. The echo's state holds the user loader's ``state_dict()``,
+taken with each batch read, so one ``state_dict()`` resumes both exactly; a loader without one
+cannot be resumed, and saying so is :meth:`LoaderUpstream.get_state`'s.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+from torchdata.nodes import BaseNode
+
+from dataecho.errors import DataechoTypeError, DataechoValueError
+from dataecho.loader.reading import is_stateful
+from dataecho.stages import EchoStats
+from dataecho.stages.stats import batch_length
+
+
+def is_loader(obj: Any) -> bool:
+    """Whether ``obj`` is a loader of batches (a ``DataLoader`` or a subclass) rather than a
+    dataset."""
+    return isinstance(obj, DataLoader)
+
+
+class LoaderUpstream(BaseNode[Any]):
+    """The user's loader as a node: yields its batches and counts their examples as fresh.
+
+    Counting follows :class:`~dataecho.loader.workers.WorkersNode`'s keywords: ``deferred``
+    (a stage reading ahead hands the batch on later: :meth:`settle`) and
+    ``counted_downstream`` (the device's pool counts).
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        stats: EchoStats,
+        *,
+        deferred: bool = False,
+        counted_downstream: bool = False,
+    ) -> None:
+        super().__init__()
+        self.loader = loader
+        self.batch_size = loader.batch_size  # its items are batches (stats.unit)
+        self._stats = stats
+        self.deferred = deferred
+        self.counted_downstream = counted_downstream
+        self.pending: collections.deque[int] = collections.deque()
+        self._replays = 0
+        self._it: Iterator[Any] | None = None
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.pending.clear()
+        self._replays = 0
+        if initial_state is not None:
+            self.loader.load_state_dict(initial_state["loader"])
+        self._it = iter(self.loader)
+
+    def next(self) -> Any:
+        if self._it is None:
+            raise StopIteration
+        batch = next(self._it)
+        if not self.counted_downstream:
+            fresh = batch_length(batch)
+            if self.deferred:
+                self.pending.append(fresh)
+            else:
+                self._stats.fresh_examples += fresh
+        return batch
+
+    def replaying(self, reads: int) -> None:
+        """As :meth:`WorkersNode.replaying <dataecho.loader.workers.WorkersNode.replaying>`."""
+        self._replays = reads
+
+    def settle(self, batches: int) -> None:
+        """As :meth:`WorkersNode.settle <dataecho.loader.workers.WorkersNode.settle>`."""
+        for _ in range(batches):
+            while self._replays:
+                self.pending.popleft()
+                self._replays -= 1
+            self._stats.fresh_examples += self.pending.popleft()
+
+    def get_state(self) -> dict[str, Any]:
+        if not is_stateful(self.loader):
+            raise DataechoTypeError(
+                f"the upstream {type(self.loader).__name__} keeps no state, so a checkpoint "
+                "could not resume it: use torchdata's StatefulDataLoader (the same arguments), "
+                "or mosaic's or litdata's StreamingDataLoader"
+            )
+        return {"loader": self.loader.state_dict()}
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)  # the user's loader's workers
+        if shutdown is not None:
+            shutdown()
+
+
+def check_loader_upstream(loader: DataLoader, where: str, num_workers: int) -> None:
+    """Refuse what a loader upstream cannot do, before anything starts."""
+    name = type(loader).__name__
+    if where not in ("batch", "device"):
+        raise DataechoValueError(
+            f"where={where!r} over a {name}: a loader hands over whole batches, which only "
+            'batch echoing can repeat; pass where="batch" (or "device"), or pass the loader\'s '
+            "dataset instead to echo examples"
+        )
+    if num_workers:
+        raise DataechoValueError(
+            f"num_workers={num_workers} over a {name}: its own workers read the data; leave "
+            "num_workers at 0 (set the workers on your loader)"
+        )
+    if loader.batch_size is None:
+        raise DataechoValueError(
+            f"a {name} with batch_size=None (a batch_sampler of its own): the echo counts "
+            "examples per batch; give the loader a batch_size"
+        )

@@ -1,0 +1,105 @@
+"""Hugging Face streams (``load_dataset(..., streaming=True)``) under EchoingDataLoader, their
+JSON Lines files served by nginx on 127.0.0.1: every insertion point and kind of factor, exact
+resume through the library's own state that reads again at most the file each worker was in,
+and ranks: a stream not split by node is split, one already split is not split again."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from conftest import needs_nginx
+from streams_data import (
+    CASES,
+    N,
+    check_epochs,
+    check_resume,
+    check_rest_reads,
+    children,
+    echoing,
+    epoch_ids,
+    nginx_gets,
+    write_jsonl,
+)
+
+from dataecho.app.sources.nginx import NginxServer
+from dataecho.loader.streams.hf import ShuffleBufferLostWarning
+
+datasets = pytest.importorskip("datasets")
+pytestmark = needs_nginx
+FILES = 8
+
+
+@pytest.fixture(scope="module")
+def nginx(tmp_path_factory: pytest.TempPathFactory):
+    with NginxServer(write_jsonl(tmp_path_factory.mktemp("hf"), files=FILES)) as server:
+        yield server
+
+
+def stream(nginx, shuffle: bool = False) -> datasets.IterableDataset:
+    files = [f"{nginx.url}/part-{s}.jsonl" for s in range(FILES)]
+    ds = datasets.load_dataset("json", data_files=files, streaming=True, split="train")
+    if shuffle:  # the library's own shuffle: of its files, and through a buffer
+        ds = ds.shuffle(seed=7, buffer_size=16)
+    return ds
+
+
+@pytest.mark.parametrize(("where", "factor", "workers"), CASES)
+def test_every_example_is_delivered_as_often_as_the_factor_says(nginx, where, factor, workers):
+    with pytest.warns(ShuffleBufferLostWarning, match="shuffle_buffer="):
+        loader = echoing(stream(nginx, shuffle=True), where, factor, workers)
+    orders = check_epochs(loader, factor)
+    assert orders[0] != orders[1], "the stream is told the epoch: a new shuffle each"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_is_exact_at_every_kind_of_position(nginx, workers):
+    check_resume(
+        lambda: echoing(stream(nginx), "before_augment", 2.5, workers, shuffle_buffer=16),
+        positions=[0, 7, 30], batches=30,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_resume_reads_again_at_most_the_file_each_worker_was_in(nginx, workers):
+    # The library reads a file in two requests (its size, then its bytes): files are counted.
+    # Its own resume restarts at the Arrow chunk before the position, which can lie in the
+    # file before (its state's "previous_state"): two files per worker at most.
+    per_file = N // FILES
+    check_rest_reads(
+        lambda: echoing(stream(nginx), "after_augment", 2, workers),
+        lambda: [name for name in nginx_gets(nginx) if name.endswith(".jsonl")],
+        lambda i: f"part-{i // per_file}.jsonl", workers=workers, head=16, once=False,
+        per_worker=2,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_ranks_read_disjoint_halves_of_a_stream_not_split_by_node(nginx, workers, monkeypatch):
+    # RANK / WORLD_SIZE as torchrun sets them (tests/library/test_streams_ranks.py runs it).
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        seen.append(collections.Counter(epoch_ids(echoing(stream(nginx), "after_augment", 2,
+                                                          workers))))  # fmt: skip
+    assert not set(seen[0]) & set(seen[1]), "no example on both ranks"
+    assert set(seen[0]) | set(seen[1]) == set(range(N))
+    assert all(set(count.values()) == {2} for count in seen)
+
+
+def test_a_stream_already_split_by_node_is_not_split_again(nginx, monkeypatch):
+    from datasets.distributed import split_dataset_by_node
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    split = split_dataset_by_node(stream(nginx), rank=1, world_size=2)
+    got = collections.Counter(epoch_ids(echoing(split, "after_augment", 2, 0)))
+    assert len(got) == N // 2 and set(got.values()) == {2}
+    assert sorted(got) == sorted(i for b in split.iter(batch_size=8) for i in b["id"])
+
+
+def test_no_worker_process_is_left_behind(nginx):
+    epoch_ids(echoing(stream(nginx), "after_augment", 2, 2))
+    assert children() == []
