@@ -29,6 +29,8 @@ from dataecho.errors import (
 )
 from dataecho.loader import EchoingDataLoader, LoaderOptions
 from dataecho.loader.dataset_transform import IdenticalCopiesWarning
+from dataecho.loader.streams.hf import ShuffleBufferLostWarning
+from dataecho.loader.streams.webdataset import ReplayOnResumeWarning
 from dataecho.optim import EchoedGD, EchoedNesterov, EchoedOptimizer, EchoedProxGD
 from dataecho.profiling import ProfileReport, format_report, profile, time_model
 from dataecho.progress import TrainingProgress
@@ -67,7 +69,9 @@ __all__ = [
     "LoaderOptions",
     "MixExamples",
     "ProfileReport",
+    "ReplayOnResumeWarning",
     "Shuffle",
+    "ShuffleBufferLostWarning",
     "StochasticEcho",
     "TrainingProgress",
     "__version__",

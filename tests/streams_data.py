@@ -6,8 +6,8 @@ that use them."""
 from __future__ import annotations
 
 import collections
-import os
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,12 @@ def check_rest_reads(
         f"at most {per_worker} shard(s) each worker was in: {fetched}"
     )
     done = of_head - of_rest - again
-    assert done and done <= before, ("shards read to their end before: a replay fetches them", fetched, of_head, of_rest)
+    assert done and done <= before, (
+        "shards read to their end before: a replay fetches them",
+        fetched,
+        of_head,
+        of_rest,
+    )
 
 
 def check_users_loader(make: Any, *, batches: int, head: int = 9) -> None:

@@ -52,7 +52,7 @@ class _Failure:
         self.error = error
 
 
-class _Chunk(list):  # type: ignore[type-arg]
+class _Chunk(list[Any]):
     """Reads in a row; ``states``: the source's state after each, where it is cheap."""
 
     states: list[Any] | None = None

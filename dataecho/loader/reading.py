@@ -13,6 +13,7 @@ An iterable dataset is read as it is; as with ``torch.utils.data.DataLoader``, o
 workers or ranks must split itself (``torch.utils.data.get_worker_info``). Its own state, if it
 has one (``state_dict``/``load_state_dict``), is restored in ``StatefulDataLoader``'s order: the
 dataset's state, then ``iter()``, then the iterator's state; without either it fast-forwards.
+A streaming library's dataset is read by its adapter instead (:mod:`dataecho.loader.streams`).
 
 The rank comes from an initialised ``torch.distributed`` process group (what Lightning and
 accelerate set up, without always setting ``RANK``), else from torchrun's ``RANK`` and

@@ -20,6 +20,7 @@ from torchdata.nodes import BaseNode
 
 from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader.reading import is_stateful
+from dataecho.loader.workers import DeferredCounts
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
 
@@ -30,17 +31,17 @@ def is_loader(obj: Any) -> bool:
     return isinstance(obj, DataLoader)
 
 
-class LoaderUpstream(BaseNode[Any]):
+class LoaderUpstream(DeferredCounts, BaseNode[Any]):
     """The user's loader as a node: yields its batches and counts their examples as fresh.
 
     Counting follows :class:`~dataecho.loader.workers.WorkersNode`'s keywords: ``deferred``
-    (a stage reading ahead hands the batch on later: :meth:`settle`) and
-    ``counted_downstream`` (the device's pool counts).
+    (a stage reading ahead hands the batch on later: ``settle``) and ``counted_downstream``
+    (the device's pool counts).
     """
 
     def __init__(
         self,
-        loader: DataLoader,
+        loader: Any,  # a DataLoader, with its state_dict / load_state_dict where it has them
         stats: EchoStats,
         *,
         deferred: bool = False,
@@ -75,18 +76,6 @@ class LoaderUpstream(BaseNode[Any]):
             else:
                 self._stats.fresh_examples += fresh
         return batch
-
-    def replaying(self, reads: int) -> None:
-        """As :meth:`WorkersNode.replaying <dataecho.loader.workers.WorkersNode.replaying>`."""
-        self._replays = reads
-
-    def settle(self, batches: int) -> None:
-        """As :meth:`WorkersNode.settle <dataecho.loader.workers.WorkersNode.settle>`."""
-        for _ in range(batches):
-            while self._replays:
-                self.pending.popleft()
-                self._replays -= 1
-            self._stats.fresh_examples += self.pending.popleft()
 
     def get_state(self) -> dict[str, Any]:
         if not is_stateful(self.loader):

@@ -71,7 +71,34 @@ class PersistentWorkers:
         _stop_workers_of(self._loader)
 
 
-class WorkersNode(BaseNode[Any]):
+class DeferredCounts:
+    """The fresh counts of batches read ahead of the consumer, for a node of fresh batches (the
+    workers, or the user's own loader): ``pending`` until :meth:`settle` is told they reached
+    it. A base of such nodes, which set ``_stats``, ``pending`` and ``_replays``."""
+
+    _stats: EchoStats
+    pending: collections.deque[int]
+    _replays: int  # the first pending entries: a resume's replay, already counted
+
+    def replaying(self, reads: int) -> None:
+        """The first ``reads`` batches read since the reset are read again, not handed on: a
+        resumed reader thread reads from its last saved position past the batches it had handed on
+        (their fresh examples counted before the checkpoint)."""
+        self._replays = reads
+
+    def settle(self, batches: int) -> None:
+        """``batches`` more read-ahead batches reached the consumer: count their fresh
+        examples, after dropping the replayed ones read before them."""
+        for _ in range(batches):
+            # Only once a batch after them is handed on: the reader thread has read them all
+            # by then.
+            while self._replays:
+                self.pending.popleft()
+                self._replays -= 1
+            self._stats.fresh_examples += self.pending.popleft()
+
+
+class WorkersNode(DeferredCounts, BaseNode[Any]):
     """The inner StatefulDataLoader as a node: yields batches, counts their fresh examples.
 
     With ``deferred``, an adaptive stage's reader thread pulls batches ahead of the consumer:
@@ -156,23 +183,6 @@ class WorkersNode(BaseNode[Any]):
         self._waiting[worker] = waiting
         self._stats.waiting_items = sum(self._waiting.values())
         return batch
-
-    def replaying(self, reads: int) -> None:
-        """The first ``reads`` batches read since the reset are read again, not handed on: a
-        resumed reader thread reads from its last saved position past the batches it had handed on
-        (their fresh examples counted before the checkpoint)."""
-        self._replays = reads
-
-    def settle(self, batches: int) -> None:
-        """``batches`` more read-ahead batches reached the consumer: count their fresh
-        examples, after dropping the replayed ones read before them."""
-        for _ in range(batches):
-            # Only once a batch after them is handed on: the reader thread has read them all
-            # by then.
-            while self._replays:
-                self.pending.popleft()
-                self._replays -= 1
-            self._stats.fresh_examples += self.pending.popleft()
 
     def get_state(self) -> dict[str, Any]:
         return self._loader.state_dict()

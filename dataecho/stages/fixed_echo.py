@@ -65,7 +65,9 @@ class Echo(Stage[T]):
     """
 
     STAGE_ID = STAGE_ECHO
-    STATE_KEYS = ("pending", "copies", "remaining", "unseen", "extra_left", "seen", "phase")
+    STATE_KEYS: tuple[str, ...] = (
+        "pending", "copies", "remaining", "unseen", "extra_left", "seen", "phase",
+    )  # fmt: skip
 
     def __init__(
         self,

@@ -45,14 +45,30 @@ def test_fractional_factor_over_a_sized_source_is_exact() -> None:
     assert node.stats.realized_factor == 2.5
 
 
-def test_fractional_factor_of_unknown_length_draws_per_item_with_the_exact_mean() -> None:
-    # A generator has no len: each item draws its extra copy on its own.
-    node = echo((i for i in range(20_000)), 2.5, seed=0)
-    out = list(node)
-    assert len(out) != 50_000  # the count varies...
-    assert abs(len(out) / 20_000 - 2.5) < 0.03  # ...around the exact mean
-    assert abs(node.stats.realized_factor - 2.5) < 0.03
+@pytest.mark.parametrize("n", [1, 7, 96, 1000, 20_001])
+@pytest.mark.parametrize("factor", [2.5, 1.3, 3.9])
+def test_fractional_factor_of_unknown_length_gives_floor_or_ceil_extra_copies(n, factor) -> None:
+    # A generator has no len: the extra copies are spread evenly from a seeded start, so any
+    # epoch of n items gets floor(frac * n) or ceil(frac * n) of them, every epoch.
+    frac = factor - int(factor)
+    node = echo((i for i in range(n)), factor, seed=0)
+    counts = Counter(node)
+    extras = sum(c - int(factor) for c in counts.values())
+    assert math.floor(frac * n) <= extras <= math.ceil(frac * n)
+    assert set(counts) == set(range(n)) and set(counts.values()) <= {int(factor), int(factor) + 1}
     assert node.state_dict()["unseen"] is None
+
+
+def test_fractional_factor_of_unknown_length_spreads_the_extra_copies_from_a_seeded_start():
+    # 2.5 over a stream: every other item gets a third copy, which ones depends on the seed.
+    def thirds(seed: int) -> list[int]:
+        counts = Counter(echo((i for i in range(40)), 2.5, seed=seed))
+        return [i for i in range(40) if counts[i] == 3]
+
+    picks = [thirds(seed) for seed in range(8)]
+    assert all(len(p) == 20 for p in picks)
+    assert all(b - a == 2 for p in picks for a, b in zip(p, p[1:], strict=False))
+    assert len({p[0] for p in picks}) == 2, "the start is drawn from the seed"
 
 
 @pytest.mark.parametrize("factor", [1, 2, 3, 5, 4.0])

@@ -21,6 +21,7 @@ from torchdata.nodes import IterableWrapper
 from dataecho import EchoingDataLoader
 from dataecho.loader.read_ahead import CHUNK, read_ahead, stop_read_ahead
 from dataecho.loader.reading import IndexedReader
+from dataecho.loader.streams.base import PositionReader
 
 # One chunk of 1, one partial chunk, one whole chunk, and several chunks (40 -> 3 x 16).
 EXAMPLES = (1, 5, 16, 40)
@@ -139,6 +140,23 @@ def test_resumes_exactly_at_every_position(examples, kind):
     # Every position of two epochs, after the end too, in memory and through torch.save.
     recorded = run_test_save_load_state(factory)
     assert recorded == [list(range(n))] * 2
+
+
+def test_a_source_with_a_cheap_state_resumes_past_what_was_handed_on_reading_none_again():
+    # A streaming library's reader keeps a position (CHEAP_STATE): the read-ahead takes its
+    # state after each item, so a resume fetches nothing handed on before the checkpoint.
+    fetched: list[int] = []
+    make = lambda: read_ahead(PositionReader(range(40), lambda k: fetched.append(k) or k), 16)  # noqa: E731
+    node = make()
+    node.reset()
+    got = [next(node) for _ in range(21)]  # into the second chunk of 16
+    state = node.state_dict()
+    fetched.clear()
+    resumed = make()
+    resumed.reset(state)
+    assert got + list(resumed) == list(range(40))
+    assert min(fetched) == 21, "no item before the checkpoint read again"
+    assert run_test_save_load_state(make) == [list(range(40))] * 2
 
 
 # --- failures -------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from s3_server import S3Server
 from streams_data import (
     CASES,
     check_epochs,
-    check_resume,
     check_rest_reads,
+    check_resume,
     check_users_loader,
     children,
     echoing,

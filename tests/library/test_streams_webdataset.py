@@ -9,12 +9,12 @@ import pytest
 from conftest import needs_nginx
 from streams_data import (
     CASES,
-    N,
     PER_SHARD,
     SHARDS,
+    N,
     check_epochs,
-    check_resume,
     check_rest_reads,
+    check_resume,
     children,
     echoing,
     epoch_ids,

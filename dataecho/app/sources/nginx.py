@@ -3,6 +3,10 @@
     with NginxServer("shards/", rate_limit_bytes_per_s=2_000_000) as server:
         dataset = ShardDataset(server.url)
 
+It can also stand in front of another HTTP server on loopback (an S3 endpoint, say) as a
+reverse proxy, to cap what that server sends: ``NginxServer(proxy="http://127.0.0.1:9000",
+total_rate_bytes_per_s=2_000_000)``; clients then talk to ``server.url`` instead (see *Proxy*).
+
 Everything nginx writes (config, pid, logs, temp files) lives in a fresh temp folder. nginx runs
 in the foreground (``daemon off``) in its own process group, and is stopped (SIGTERM, then
 SIGKILL for the whole group) on ``__exit__``, on an error while starting, on Ctrl-C (the
@@ -29,6 +33,15 @@ nginx paces a capped response by sending a chunk and then waiting ``chunk / rate
 chunk goes out at once. With nginx's default chunk (up to one second's worth) a file smaller
 than the per-second cap would arrive unthrottled, so the config sets ``sendfile_max_chunk`` to
 1/50 s worth: even a file far smaller than the per-second cap takes its ``size / rate``.
+
+Proxy: with ``proxy=URL`` nginx forwards every request to that server and caps the responses
+it sends back as above (the cap, the chunk and the access log are the same; a proxied response
+is paced by the same write filter as a file). It passes the request on as it came, the
+client's ``Host`` header included, so a request signed for ``server.url`` (S3's SigV4 signs the
+host) reaches the upstream with its signature intact. nginx reads the upstream's response as
+fast as it comes (buffering it in memory or in its temp folder) and sends it on at the cap, so
+the upstream is never held up by a slow client. Requests go upstream over HTTP/1.1, one
+connection each; statuses, redirects and ranges (206) come back as the upstream sent them.
 """
 
 from __future__ import annotations
@@ -44,8 +57,10 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 from dataecho import _validate
 from dataecho.errors import DataechoError, DataechoValueError
@@ -60,11 +75,22 @@ class NginxNotFoundError(DataechoError, FileNotFoundError):
     """No nginx binary; the message says how to install one."""
 
 
+class Request(NamedTuple):
+    """One finished request, as nginx's access log has it."""
+
+    status: int
+    bytes: int  # body bytes sent (all of them, or as many as went out before a client left)
+    uri: str  # the path and query asked for
+
+
 class NginxServer:
-    """nginx serving ``root_dir`` read-only at ``self.url`` (``http://127.0.0.1:<port>``).
+    """nginx serving ``root_dir`` read-only (or proxying ``proxy``) at ``self.url``
+    (``http://127.0.0.1:<port>``).
 
     Args:
-        root_dir: the folder to serve.
+        root_dir: the folder to serve; give it or ``proxy``, not both.
+        proxy: instead of a folder, the HTTP server to pass every request on to (a reverse
+            proxy), as ``http://host:port``; its responses get the cap.
         rate_limit_bytes_per_s: cap per connection (``limit_rate``); None for no cap.
         total_rate_bytes_per_s: a total cap shared by ``connections`` concurrent readers
             (each gets ``total / connections``); give at most one of the two caps.
@@ -76,8 +102,9 @@ class NginxServer:
 
     def __init__(
         self,
-        root_dir: str | Path,
+        root_dir: str | Path | None = None,
         *,
+        proxy: str | None = None,
         rate_limit_bytes_per_s: int | None = None,
         total_rate_bytes_per_s: int | None = None,
         connections: int = 1,
@@ -85,9 +112,19 @@ class NginxServer:
         binary: str | Path | None = None,
         startup_timeout_s: float = 10.0,
     ) -> None:
-        self.root_dir = Path(root_dir).resolve()
-        if not self.root_dir.is_dir():
-            raise FileNotFoundError(f"NginxServer: root_dir {str(root_dir)!r} is not a folder")
+        if (root_dir is None) == (proxy is None):
+            raise DataechoValueError(
+                f"give exactly one of root_dir (a folder to serve, got {root_dir!r}) and proxy "
+                f"(a server to pass requests on to, got {proxy!r})"
+            )
+        self.root_dir: Path | None = None
+        self.proxy: str | None = None
+        if proxy is not None:
+            self.proxy = _check_upstream(proxy)
+        else:
+            self.root_dir = Path(root_dir).resolve()  # type: ignore[arg-type]
+            if not self.root_dir.is_dir():
+                raise FileNotFoundError(f"NginxServer: root_dir {str(root_dir)!r} is not a folder")
         if rate_limit_bytes_per_s is not None and total_rate_bytes_per_s is not None:
             raise DataechoValueError(
                 f"give at most one of rate_limit_bytes_per_s (per connection, got "
@@ -167,20 +204,26 @@ class NginxServer:
 
         All connections together (every DataLoader worker); a request counts once finished.
         """
+        done = [r for r in self.requests() if r.status == 200]
+        return {"requests": len(done), "bytes": sum(r.bytes for r in done)}
+
+    def requests(self) -> list[Request]:
+        """Every request finished so far, in the order nginx logged them, any status (206 for
+        a range, 404, ...): what :meth:`traffic` sums, per request and file."""
         if self.prefix is None:
             raise RuntimeError("NginxServer is not running: its access log is gone")
-        requests = sent = 0
         log = self.prefix / "access.log"
+        found = []
         for line in log.read_text().splitlines() if log.is_file() else []:
-            status, size, _ = line.split(" ", 2)
-            if status == "200":
-                requests, sent = requests + 1, sent + int(size)
-        return {"requests": requests, "bytes": sent}
+            status, size, uri = line.split(" ", 2)
+            found.append(Request(int(status), int(size), uri))
+        return found
 
     def describe(self) -> str:
         cap = f"{self.rate_limit / 1e6:.3g} MB/s per connection" if self.rate_limit else "no cap"
         where = self.url if self._proc is not None else "(not running)"
-        return f"nginx at {where} serving {self.root_dir} ({cap})"
+        what = f"proxying {self.proxy}" if self.proxy else f"serving {self.root_dir}"
+        return f"nginx at {where} {what} ({cap})"
 
     def _spawn(self, binary: str, port: int) -> subprocess.Popen:
         assert self.prefix is not None
@@ -225,6 +268,18 @@ class NginxServer:
         user = ""
         if os.geteuid() == 0:
             user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
+        if self.proxy is not None:
+            # The request as it came (the client's Host: a signature over it still holds),
+            # over HTTP/1.1; the response read at the upstream's pace, sent at the cap.
+            serve = f"""proxy_pass {self.proxy};
+            proxy_http_version 1.1;
+            proxy_set_header Host $http_host;
+            proxy_set_header Connection "";
+            proxy_buffering on;
+            proxy_redirect off;"""
+            root = ""
+        else:
+            serve, root = "", f"root {_q(self.root_dir)};"  # type: ignore[arg-type]
         return f"""daemon off;
 master_process on;
 worker_processes 1;
@@ -240,10 +295,12 @@ http {{
     sendfile_max_chunk {chunk};
     keepalive_timeout 5s;
 {temps}
+    client_max_body_size 0;
     server {{
         listen 127.0.0.1:{port};
-        root {_q(self.root_dir)};
+        {root}
         location / {{
+            {serve}
             limit_rate {rate};
             limit_rate_after 0;
         }}
@@ -334,6 +391,19 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _check_upstream(url: str) -> str:
+    """``url`` as nginx's ``proxy_pass`` takes it: ``http://host:port``, no path."""
+    parts = urllib.parse.urlsplit(str(url))
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or any(
+        c in str(url) for c in " ;{}\"'\n"
+    ):
+        raise DataechoValueError(
+            f"proxy must be an upstream server as http://host:port (no path), got {url!r}; "
+            "e.g. proxy='http://127.0.0.1:9000'"
+        )
+    return f"http://{parts.netloc}"
 
 
 def _free_port() -> int:

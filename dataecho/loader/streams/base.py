@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 from torchdata.nodes import BaseNode
 
 
@@ -46,7 +47,7 @@ class PositionReader(BaseNode[Any]):
 
     CHEAP_STATE = True  # a read-ahead may take it after every item (loader.read_ahead)
 
-    def __init__(self, keys: Sequence[Any], fetch: Callable[[Any], Any]) -> None:
+    def __init__(self, keys: Sequence[Any] | np.ndarray, fetch: Callable[[Any], Any]) -> None:
         super().__init__()
         self.keys = keys
         self.fetch = fetch

@@ -92,10 +92,10 @@ class ShardReader(BaseNode[Any]):
         first = self.dataset.invoke(self._shard_stages[0])
         self._shards = list(_run(self.dataset, self._shard_stages[1:], first))
         state = initial_state or {}
-        self._shard, self._offset = int(state.get("shard", 0)), int(state.get("offset", 0))
+        self._shard, self._offset = int(state.get("shard", 0)), 0
         self._it = self._open()
-        for _ in range(self._offset):  # the samples of its shard read before the checkpoint
-            next(self._it)
+        for _ in range(int(state.get("offset", 0))):  # its shard's samples read before
+            self.next()
 
     def _open(self) -> Iterator[Any] | None:
         if self._shard >= len(self._shards):

@@ -1,0 +1,66 @@
+"""The README's streaming blocks, run as written against real servers (moto's S3 endpoint for
+mosaic and litdata, nginx for webdataset and Hugging Face), with the README's addresses swapped
+for the servers': each loader delivers every example four times in an epoch."""
+
+from __future__ import annotations
+
+import collections
+import re
+from pathlib import Path
+
+import pytest
+from conftest import needs_nginx
+from s3_server import S3Server
+from streams_data import N, epoch_ids, upload, write_jsonl, write_litdata, write_mds, write_tars
+
+from dataecho.app.sources.nginx import NginxServer
+
+pytest.importorskip("litdata")
+pytestmark = [needs_nginx, pytest.mark.filterwarnings("ignore:The given NumPy array")]
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def blocks() -> list[str]:
+    section = README.read_text().split("## Data over a network")[1].split("\n## ")[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_section_has_a_block_per_library():
+    libraries = ["from streaming import", "import litdata", "import webdataset", "load_dataset"]
+    assert [next(lib for lib in libraries if lib in b) for b in blocks()] == libraries
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("readme")
+    served = folder / "served"
+    served.mkdir()
+    for write in (write_tars, write_jsonl):  # each writes its own subfolder: flatten them
+        for path in write(folder).iterdir():
+            path.rename(served / path.name)
+    with S3Server(folder) as s3, NginxServer(served) as nginx, pytest.MonkeyPatch.context() as mp:
+        for key, value in s3.env.items():
+            mp.setenv(key, value)
+        mp.setenv("HOME", str(folder))  # litdata's default cache is under ~/.lightning
+        swaps = {
+            "s3://my-bucket/mds": upload(s3, write_mds(folder), "mds"),
+            "s3://my-bucket/chunks": upload(s3, write_litdata(folder), "chunks"),
+            "/tmp/mds": str(folder / "mds-cache"),
+            "https://my-host": nginx.url,
+        }
+        yield swaps
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_each_block_runs_as_written(servers, index):
+    code = blocks()[index]
+    for readme, real in servers.items():
+        code = code.replace(readme, real)
+    if "from streaming import" in code:  # mosaic, given the tests' torchvision stand-in
+        from mosaic_streaming import import_streaming
+
+        import_streaming()
+    scope: dict = {}
+    exec(compile(code, f"README block {index}", "exec"), scope)
+    counts = collections.Counter(epoch_ids(scope["loader"]))
+    assert counts == {i: 4 for i in range(N)}
