@@ -246,3 +246,15 @@ def nginx_gets(server: Any) -> list[str]:
     lines = [line.split(" ", 2) for line in (log.read_text().splitlines() if log.is_file() else [])]
     return [uri.rsplit("/", 1)[1] for status, sent, uri in lines
             if status in ("200", "206") and int(sent) > 0]  # fmt: skip
+
+
+def skip_without(*modules: str) -> None:
+    """Skip the calling test module unless each of ``modules`` is installed (``make compat``
+    installs none of the streaming libraries; ``make test`` installs them all)."""
+    import importlib.util
+
+    import pytest
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}", allow_module_level=True)

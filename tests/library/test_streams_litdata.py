@@ -19,13 +19,15 @@ from streams_data import (
     children,
     echoing,
     epoch_ids,
+    skip_without,
     upload,
     write_litdata,
 )
 
 from dataecho import EchoingDataLoader
 
-litdata = pytest.importorskip("litdata")
+skip_without("litdata", "moto", "boto3")
+import litdata  # noqa: E402
 
 
 @pytest.fixture(scope="module")

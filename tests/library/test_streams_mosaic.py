@@ -20,13 +20,14 @@ from streams_data import (
     children,
     echoing,
     epoch_ids,
+    skip_without,
     upload,
     write_mds,
 )
 
 from dataecho import EchoingDataLoader
 
-pytest.importorskip("boto3")
+skip_without("streaming", "moto", "boto3")
 from mosaic_streaming import import_streaming  # noqa: E402
 
 streaming = import_streaming()

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import needs_nginx
 from s3_server import S3Server
-from streams_data import N, upload, write_jsonl, write_litdata, write_mds, write_tars
+from streams_data import N, skip_without, upload, write_jsonl, write_litdata, write_mds, write_tars
 
 from dataecho.app.sources.nginx import NginxServer
 
-pytest.importorskip("litdata")
+skip_without("streaming", "litdata", "moto", "boto3", "webdataset", "datasets")
 pytestmark = needs_nginx
 HERE = Path(__file__).resolve().parent
 

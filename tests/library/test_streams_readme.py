@@ -11,11 +11,20 @@ from pathlib import Path
 import pytest
 from conftest import needs_nginx
 from s3_server import S3Server
-from streams_data import N, epoch_ids, upload, write_jsonl, write_litdata, write_mds, write_tars
+from streams_data import (
+    N,
+    epoch_ids,
+    skip_without,
+    upload,
+    write_jsonl,
+    write_litdata,
+    write_mds,
+    write_tars,
+)
 
 from dataecho.app.sources.nginx import NginxServer
 
-pytest.importorskip("litdata")
+skip_without("streaming", "litdata", "moto", "boto3", "webdataset", "datasets")
 pytestmark = [needs_nginx, pytest.mark.filterwarnings("ignore:The given NumPy array")]
 README = Path(__file__).resolve().parents[2] / "README.md"
 
