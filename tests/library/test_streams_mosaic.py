@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
 
 import pytest
@@ -42,6 +43,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     with S3Server(folder) as server, pytest.MonkeyPatch.context() as env:
         for key, value in server.env.items():
             env.setenv(key, value)
+        # mosaic leaves a lock file per dataset in the temp folder: this test's own, then.
+        env.setattr(tempfile, "tempdir", str(folder))
         server.mds = write_mds(folder)
         server.remote = upload(server, server.mds, "mds")
         server.caches = folder / "caches"

@@ -46,7 +46,9 @@ def test_two_ranks_read_disjoint_shares_of_every_library(tmp_path):
                   "mosaic": upload(s3, write_mds(tmp_path), "mds"),
                   "litdata": upload(s3, write_litdata(tmp_path), "litdata")}  # fmt: skip
         (out / "config.json").write_text(json.dumps(config))
-        env = {**os.environ, **s3.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        # TMPDIR: mosaic leaves a lock file per dataset in the temp folder.
+        env = {**os.environ, **s3.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+               "TMPDIR": str(tmp_path)}  # fmt: skip
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                    "--max-restarts", "0", str(HERE / "torchrun_streams.py"), str(out)]  # fmt: skip

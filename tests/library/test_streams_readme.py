@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory):
         for key, value in s3.env.items():
             mp.setenv(key, value)
         mp.setenv("HOME", str(folder))  # litdata's default cache is under ~/.lightning
+        mp.setattr(tempfile, "tempdir", str(folder))  # mosaic's lock files, one per dataset
         swaps = {
             "s3://my-bucket/mds": upload(s3, write_mds(folder), "mds"),
             "s3://my-bucket/chunks": upload(s3, write_litdata(folder), "chunks"),
