@@ -54,6 +54,7 @@ BENCHMARKS = {
         "benchmarks.persistent_workers",
         "epoch start (iter() to the first batch) with and without persistent workers",
     ),
+    "streaming": ("benchmarks.streaming", "mosaic/litdata/webdataset/HF: own loader vs e=4, auto"),
 }
 
 

@@ -46,6 +46,9 @@ from dataecho.stages.fixed_echo import known_length
 from dataecho.stages.seeds import STAGE_ORDER, STAGE_TRANSFORM, derive_seed
 from dataecho.transforms import guard_transform
 
+# The default read-ahead over a streaming library's dataset, in batches of examples per worker.
+STREAM_READ_AHEAD_BATCHES = 8
+
 
 class PipelineDataset(IterableDataset):
     """What the inner ``StatefulDataLoader`` iterates: one pipeline per worker and epoch.
@@ -153,7 +156,12 @@ class PipelineIterator:
             # its part of the whole's extra copies, and their total varies a little.
             share = known_length(dataset)
         # The options' defaults are derived on construction: read_ahead is an int here.
-        self._tagged = Tagged(read_ahead(source, cast(int, opts.read_ahead)))
+        ahead = cast(int, opts.read_ahead)
+        if owner.stream is not None and "read_ahead" in opts._derived and not opts.adaptive:
+            # A stream's reads come a shard at a time: reading ahead keeps its downloads going
+            # while the batches already read are echoed (benchmarks/streaming).
+            ahead = max(ahead, STREAM_READ_AHEAD_BATCHES * opts.batch_size)
+        self._tagged = Tagged(read_ahead(source, ahead))
         node: BaseNode[Any] = self._tagged
         batches = example_batches(node, opts, seed, per_example=per_example,
                                   collate_fn=owner.collate_fn, length=share)  # fmt: skip

@@ -6,6 +6,7 @@ Runs only where nginx is installed (``apt-get install nginx-light``).
 from __future__ import annotations
 
 import collections
+import http.server
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import textwrap
 import threading
 import time
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -270,3 +272,123 @@ def test_bad_settings_are_refused(tmp_path):
         NginxServer(tmp_path / "missing")
     assert NginxServer(tmp_path, total_rate_bytes_per_s=10, connections=3).rate_limit == 3
     assert NginxServer(tmp_path).rate_limit is None  # no cap
+
+
+# --- reverse proxy mode: nginx in front of another server, the cap on what it sends back ---
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A real upstream in a thread: answers GET /echo with the request's Host header."""
+
+    seen: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+        self.seen.append(self.headers.get("Host", ""))
+        body = self.headers.get("Host", "").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_a_proxy_passes_requests_on_and_caps_what_it_sends_back(tmp_path):
+    size, cap = 2_000_000, 1_000_000  # a 2 s download through the proxy
+    data = os.urandom(size)
+    (tmp_path / "big.bin").write_bytes(data)
+    with NginxServer(tmp_path) as origin, NginxServer(proxy=origin.url,
+                                                      rate_limit_bytes_per_s=cap) as proxy:  # fmt: skip
+        assert proxy.root_dir is None and proxy.proxy == origin.url
+        assert proxy.describe() == (f"nginx at {proxy.url} proxying {origin.url} "
+                                    "(1 MB/s per connection)")  # fmt: skip
+        start = time.perf_counter()
+        got = _direct.open(proxy.url + "/big.bin").read()
+        rate = len(got) / (time.perf_counter() - start)
+        ranged = urllib.request.Request(proxy.url + "/big.bin", headers={"Range": "bytes=10-19"})
+        with _direct.open(ranged) as answer:
+            assert answer.status == 206 and answer.read() == data[10:20]
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            _direct.open(proxy.url + "/missing.bin")
+        deadline = time.monotonic() + 5  # nginx logs a request just after its last byte
+        while len(logged := proxy.requests()) < 4:  # its readiness probe, then the three above
+            assert time.monotonic() < deadline, logged
+            time.sleep(0.05)
+        pid = proxy.pid
+    assert got == data
+    assert 0.9 * cap <= rate <= 1.1 * cap, f"served {rate / 1e6:.3f} MB/s, cap 1 MB/s"
+    # The proxy's own log: every request, any status, and the body bytes sent for each.
+    assert [(r.status, r.uri) for r in logged[-3:]] == [
+        (200, "/big.bin"), (206, "/big.bin"), (404, "/missing.bin")]  # fmt: skip
+    assert [r.bytes for r in logged[-3:-1]] == [size, 10]
+    assert group_pids(pid) == []
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_a_proxy_hands_on_the_clients_host_header(tmp_path):
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=upstream.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{upstream.server_address[1]}"
+        with NginxServer(proxy=url) as proxy:
+            assert _direct.open(proxy.url + "/echo").read() == f"127.0.0.1:{proxy.port}".encode()
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+    # What a client signed (S3's SigV4 signs the host) is what the upstream sees.
+    assert _Recorder.seen[-1] == f"127.0.0.1:{proxy.port}"
+
+
+@needs_nginx
+@pytest.mark.timeout(60)
+def test_an_s3_client_reads_through_a_capped_proxy(tmp_path):
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    from s3_server import S3Server
+
+    body = os.urandom(300_000)
+    with S3Server(tmp_path) as s3, NginxServer(proxy=s3.url,
+                                               rate_limit_bytes_per_s=1_000_000) as proxy:  # fmt: skip
+        keys = dict(region_name="us-east-1", aws_access_key_id="testing",
+                    aws_secret_access_key="testing")  # fmt: skip
+        direct = boto3.client("s3", endpoint_url=s3.url, **keys)
+        direct.create_bucket(Bucket="data")
+        direct.put_object(Bucket="data", Key="shard.bin", Body=body)
+        client = boto3.client("s3", endpoint_url=proxy.url, **keys)
+        start = time.perf_counter()
+        got = client.get_object(Bucket="data", Key="shard.bin")["Body"].read()
+        seconds = time.perf_counter() - start
+        assert client.head_object(Bucket="data", Key="shard.bin")["ContentLength"] == len(body)
+        listed = client.list_objects_v2(Bucket="data")["Contents"]
+        deadline = time.monotonic() + 5
+        while not any(r.uri == "/data/shard.bin" and r.status == 200 and r.bytes
+                      for r in proxy.requests()):  # fmt: skip
+            assert time.monotonic() < deadline, proxy.requests()
+            time.sleep(0.05)
+        sent = [r.bytes for r in proxy.requests() if r.uri == "/data/shard.bin" and r.bytes]
+    assert got == body and [o["Key"] for o in listed] == ["shard.bin"]
+    assert seconds >= 0.8 * len(body) / 1_000_000, "the proxy's cap held the object back"
+    assert sent == [len(body)], "the object's bytes went out once, counted in the proxy's log"
+    assert s3.requests("GET").count("/data/shard.bin") == 1  # moto answered the proxy once
+
+
+def test_proxy_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of root_dir .* and proxy"):
+        NginxServer(tmp_path, proxy="http://127.0.0.1:9000")
+    with pytest.raises(ValueError, match="exactly one of root_dir .* and proxy"):
+        NginxServer()
+    for bad in ("https://127.0.0.1:9000", "http://127.0.0.1:9000/bucket", "127.0.0.1:9000",
+                "http://a b:1", "http://127.0.0.1:1;"):  # fmt: skip
+        with pytest.raises(ValueError, match="proxy must be an upstream server as http://host"):
+            NginxServer(proxy=bad)
+    server = NginxServer(proxy="http://127.0.0.1:9000/", total_rate_bytes_per_s=10, connections=2)
+    assert server.proxy == "http://127.0.0.1:9000" and server.rate_limit == 5
+    assert (
+        server.describe()
+        == "nginx at (not running) proxying http://127.0.0.1:9000 (5e-06 MB/s per connection)"
+    )

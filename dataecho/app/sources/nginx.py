@@ -2,10 +2,7 @@
 
     with NginxServer("shards/", rate_limit_bytes_per_s=2_000_000) as server:
         dataset = ShardDataset(server.url)
-
-It can also stand in front of another HTTP server on loopback (an S3 endpoint, say) as a
-reverse proxy, to cap what that server sends: ``NginxServer(proxy="http://127.0.0.1:9000",
-total_rate_bytes_per_s=2_000_000)``; clients then talk to ``server.url`` instead (see *Proxy*).
+    NginxServer(proxy="http://127.0.0.1:9000", ...)   # or in front of a server (see *Proxy*)
 
 Everything nginx writes (config, pid, logs, temp files) lives in a fresh temp folder. nginx runs
 in the foreground (``daemon off``) in its own process group, and is stopped (SIGTERM, then
@@ -34,14 +31,10 @@ chunk goes out at once. With nginx's default chunk (up to one second's worth) a 
 than the per-second cap would arrive unthrottled, so the config sets ``sendfile_max_chunk`` to
 1/50 s worth: even a file far smaller than the per-second cap takes its ``size / rate``.
 
-Proxy: with ``proxy=URL`` nginx forwards every request to that server and caps the responses
-it sends back as above (the cap, the chunk and the access log are the same; a proxied response
-is paced by the same write filter as a file). It passes the request on as it came, the
-client's ``Host`` header included, so a request signed for ``server.url`` (S3's SigV4 signs the
-host) reaches the upstream with its signature intact. nginx reads the upstream's response as
-fast as it comes (buffering it in memory or in its temp folder) and sends it on at the cap, so
-the upstream is never held up by a slow client. Requests go upstream over HTTP/1.1, one
-connection each; statuses, redirects and ranges (206) come back as the upstream sent them.
+Proxy: with ``proxy=URL`` (an S3 endpoint, say) nginx passes every request on, as it came (the
+client's ``Host`` too: a signature over it, as S3's SigV4 makes, holds), and sends the answers
+back capped as above: the same cap, chunk and access log. It reads an answer as fast as the
+upstream sends it (in memory or its temp folder), so a slow client never holds the upstream up.
 """
 
 from __future__ import annotations
@@ -76,10 +69,10 @@ class NginxNotFoundError(DataechoError, FileNotFoundError):
 
 
 class Request(NamedTuple):
-    """One finished request, as nginx's access log has it."""
+    """A finished request in the access log; ``bytes``: as many as went out before a client left."""
 
     status: int
-    bytes: int  # body bytes sent (all of them, or as many as went out before a client left)
+    bytes: int
     uri: str  # the path and query asked for
 
 
@@ -88,9 +81,8 @@ class NginxServer:
     (``http://127.0.0.1:<port>``).
 
     Args:
-        root_dir: the folder to serve; give it or ``proxy``, not both.
-        proxy: instead of a folder, the HTTP server to pass every request on to (a reverse
-            proxy), as ``http://host:port``; its responses get the cap.
+        root_dir: the folder to serve; or ``proxy``: the server to pass requests on to
+            (``http://host:port``), whose answers get the cap. Give exactly one.
         rate_limit_bytes_per_s: cap per connection (``limit_rate``); None for no cap.
         total_rate_bytes_per_s: a total cap shared by ``connections`` concurrent readers
             (each gets ``total / connections``); give at most one of the two caps.
@@ -113,18 +105,12 @@ class NginxServer:
         startup_timeout_s: float = 10.0,
     ) -> None:
         if (root_dir is None) == (proxy is None):
-            raise DataechoValueError(
-                f"give exactly one of root_dir (a folder to serve, got {root_dir!r}) and proxy "
-                f"(a server to pass requests on to, got {proxy!r})"
-            )
-        self.root_dir: Path | None = None
-        self.proxy: str | None = None
-        if proxy is not None:
-            self.proxy = _check_upstream(proxy)
-        else:
-            self.root_dir = Path(root_dir).resolve()  # type: ignore[arg-type]
-            if not self.root_dir.is_dir():
-                raise FileNotFoundError(f"NginxServer: root_dir {str(root_dir)!r} is not a folder")
+            raise DataechoValueError(f"give exactly one of root_dir (a folder to serve, got "
+                                     f"{root_dir!r}) and proxy (a server, got {proxy!r})")  # fmt: skip
+        self.root_dir = None if root_dir is None else Path(root_dir).resolve()
+        self.proxy = None if proxy is None else _check_upstream(proxy)
+        if self.root_dir is not None and not self.root_dir.is_dir():
+            raise FileNotFoundError(f"NginxServer: root_dir {str(root_dir)!r} is not a folder")
         if rate_limit_bytes_per_s is not None and total_rate_bytes_per_s is not None:
             raise DataechoValueError(
                 f"give at most one of rate_limit_bytes_per_s (per connection, got "
@@ -208,16 +194,12 @@ class NginxServer:
         return {"requests": len(done), "bytes": sum(r.bytes for r in done)}
 
     def requests(self) -> list[Request]:
-        """Every request finished so far, in the order nginx logged them, any status (206 for
-        a range, 404, ...): what :meth:`traffic` sums, per request and file."""
+        """Every request finished so far, in the order logged, any status (206 for a range)."""
         if self.prefix is None:
             raise RuntimeError("NginxServer is not running: its access log is gone")
         log = self.prefix / "access.log"
-        found = []
-        for line in log.read_text().splitlines() if log.is_file() else []:
-            status, size, uri = line.split(" ", 2)
-            found.append(Request(int(status), int(size), uri))
-        return found
+        lines = log.read_text().splitlines() if log.is_file() else []
+        return [Request(int(a), int(b), uri) for a, b, uri in (x.split(" ", 2) for x in lines)]
 
     def describe(self) -> str:
         cap = f"{self.rate_limit / 1e6:.3g} MB/s per connection" if self.rate_limit else "no cap"
@@ -268,18 +250,12 @@ class NginxServer:
         user = ""
         if os.geteuid() == 0:
             user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
-        if self.proxy is not None:
-            # The request as it came (the client's Host: a signature over it still holds),
-            # over HTTP/1.1; the response read at the upstream's pace, sent at the cap.
-            serve = f"""proxy_pass {self.proxy};
-            proxy_http_version 1.1;
-            proxy_set_header Host $http_host;
-            proxy_set_header Connection "";
-            proxy_buffering on;
-            proxy_redirect off;"""
-            root = ""
-        else:
-            serve, root = "", f"root {_q(self.root_dir)};"  # type: ignore[arg-type]
+        serve = root = ""
+        if self.root_dir is not None:
+            root = f"root {_q(self.root_dir)};"
+        else:  # the request as it came, the client's Host included (see *Proxy*)
+            serve = f"""proxy_pass {self.proxy}; proxy_http_version 1.1; proxy_buffering on;
+            proxy_set_header Host $http_host; proxy_set_header Connection ""; proxy_redirect off;"""
         return f"""daemon off;
 master_process on;
 worker_processes 1;
@@ -295,7 +271,6 @@ http {{
     sendfile_max_chunk {chunk};
     keepalive_timeout 5s;
 {temps}
-    client_max_body_size 0;
     server {{
         listen 127.0.0.1:{port};
         {root}
@@ -396,13 +371,10 @@ def _killpg(pgid: int, sig: int) -> None:
 def _check_upstream(url: str) -> str:
     """``url`` as nginx's ``proxy_pass`` takes it: ``http://host:port``, no path."""
     parts = urllib.parse.urlsplit(str(url))
-    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or any(
-        c in str(url) for c in " ;{}\"'\n"
-    ):
-        raise DataechoValueError(
-            f"proxy must be an upstream server as http://host:port (no path), got {url!r}; "
-            "e.g. proxy='http://127.0.0.1:9000'"
-        )
+    odd = any(c in str(url) for c in " ;{}\"'\n")  # nothing that could break the config
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") or odd:
+        raise DataechoValueError(f"proxy must be an upstream server as http://host:port (no "
+                                 f"path), got {url!r}; e.g. proxy='http://127.0.0.1:9000'")  # fmt: skip
     return f"http://{parts.netloc}"
 
 
