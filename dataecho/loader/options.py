@@ -165,7 +165,8 @@ class LoaderOptions:
         "examples each worker reads ahead on a background thread, so slow reads overlap the "
         "echo stage's work (dataecho.loader.read_ahead); a dataset whose __getitem__ draws "
         "random numbers is reproducible only with 0 (default: one batch when echoing examples "
-        "at a fixed factor, else 0)",
+        "at a fixed factor, else 0; over a streaming library's dataset at a fixed factor, 8 "
+        "batches)",
         None,
     )  # fmt: skip
     device: str | None = _setting(
