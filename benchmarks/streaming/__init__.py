@@ -2,7 +2,7 @@
 
     python -m benchmarks streaming                # ~4 minutes; writes bench-results/streaming/
     python -m benchmarks streaming --libraries webdataset,hf --seconds 0.5 --examples 512
-    python -m benchmarks streaming --read-ahead 1000 --reuse-buffer 8   # dataecho's knobs
+    python -m benchmarks streaming --reuse-buffer 8    # or --read-ahead 0: dataecho's knobs
 
 For each library (mosaic streaming, litdata, webdataset, Hugging Face streams), the same real
 Fashion-MNIST examples in its own format (:mod:`~benchmarks.streaming.data`) are served on
