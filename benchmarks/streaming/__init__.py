@@ -2,16 +2,20 @@
 
     python -m benchmarks streaming                # ~4 minutes; writes bench-results/streaming/
     python -m benchmarks streaming --libraries webdataset,hf --seconds 0.5 --examples 512
-    python -m benchmarks streaming --reuse-buffer 8    # or --read-ahead 0: dataecho's knobs
+    python -m benchmarks streaming --reuse-buffer 1    # or --read-ahead 0: dataecho's knobs
+    python -m benchmarks streaming --step cpu          # the step on the loader's cores
 
 For each library (mosaic streaming, litdata, webdataset, Hugging Face streams), the same real
 Fashion-MNIST examples in its own format (:mod:`~benchmarks.streaming.data`) are served on
 127.0.0.1 through a real nginx with a bandwidth cap (:mod:`~benchmarks.streaming.servers`):
 nginx serves webdataset's tars and the JSON Lines files itself, and stands as a reverse proxy in
 front of moto's S3 server for mosaic's shards and litdata's chunks. The cap is set so that the
-library's own loader gets a batch every R x t_down, t_down being the step's time alone
-(:class:`benchmarks.common.SyntheticStep`): first from the bytes per batch, then from what the
-own loader lives in a window or three (:func:`calibrate`).
+library's own loader gets a batch every R x t_down, t_down being the time of
+:class:`benchmarks.common.SyntheticStep` alone: first from the bytes per batch, then from what
+the own loader lives in a window or three (:func:`calibrate`). The step trained on takes t_down
+with the CPU free, as an accelerator's does (``--step device``,
+:class:`~benchmarks.streaming.measure.DeviceStep`), or runs SyntheticStep itself on the cores
+the loader, nginx and the S3 server share (``--step cpu``).
 
 Three loaders per library, each over a fresh dataset (an empty cache), interleaved round by
 round (:mod:`~benchmarks.streaming.libraries`, :mod:`~benchmarks.streaming.measure`): the
@@ -43,7 +47,15 @@ from benchmarks.streaming.libraries import (
     environment,
     s3_environment,
 )
-from benchmarks.streaming.measure import CASES, Case, Resume, Window, resume_bytes, train_window
+from benchmarks.streaming.measure import (
+    CASES,
+    Case,
+    DeviceStep,
+    Resume,
+    Window,
+    resume_bytes,
+    train_window,
+)
 from benchmarks.streaming.servers import S3Server
 
 HEADERS = [
@@ -66,14 +78,15 @@ class Settings:
     per_shard: int = 1000
     batch_size: int = 128
     workers: int = 1
-    ratio: float = 4.0
+    ratio: float = 5.0
     where: str = "batch"
     seconds: float = 4.0
     warmup: float = 1.0
-    rounds: int = 2
+    rounds: int = 3
     seed: int = 0
     read_ahead: int | None = None  # dataecho's default where None
     reuse_buffer: int | None = None
+    step: str = "device"
 
     def options(self, factor: float | str) -> dict[str, int]:
         """The EchoingDataLoader keywords given for ``factor`` (its defaults otherwise)."""
@@ -110,6 +123,10 @@ def parse(argv: list[str]) -> tuple[Settings, Path]:
         help="dataecho's read_ahead, examples per worker (default: dataecho's)")
     add("--reuse-buffer", type=int, default=None,
         help="dataecho's reuse_buffer for auto, in items (default: dataecho's)")
+    add("--step", default=d.step, choices=("device", "cpu"),
+        help="the training step: 'device' takes t_down with the CPU free, as a GPU step does; "
+             "'cpu' runs SyntheticStep on the cores the loader and servers share "
+             f"({d.step})")
     add("--out", type=Path, default=common.results_dir("streaming"))
     # fmt: on
     a = p.parse_args(argv)
@@ -122,7 +139,8 @@ def parse(argv: list[str]) -> tuple[Settings, Path]:
         p.error("--ratio and --seconds must be > 0")
     warmup = min(d.warmup, a.seconds) if a.warmup is None else a.warmup
     s = Settings(libraries, a.examples, a.per_shard, a.batch_size, a.workers, a.ratio, a.where,
-                 a.seconds, warmup, a.rounds, d.seed, a.read_ahead, a.reuse_buffer)  # fmt: skip
+                 a.seconds, warmup, a.rounds, d.seed, a.read_ahead, a.reuse_buffer,
+                 a.step)  # fmt: skip
     return s, a.out
 
 
@@ -149,7 +167,7 @@ def serve(stack: ExitStack, s: Settings, root: Path, t_down: float) -> dict[str,
     return libs
 
 
-def calibrate(lib: Library, s: Settings, step: common.SyntheticStep, t_down: float, log,
+def calibrate(lib: Library, s: Settings, step: common.SyntheticStep | DeviceStep, t_down: float, log,
               tries: int = 3, within: float = 0.05) -> None:  # fmt: skip
     """Set ``lib``'s cap so that its own loader lives R = ``s.ratio`` (within ``within``):
     each library reaches its own share of the link (its requests, its pauses between shards,
@@ -187,10 +205,12 @@ def run(
 ) -> tuple[dict[tuple[str, Case], Window], dict[str, Resume], float, dict[str, int]]:
     """Windows per (library, case), one resume per library, t_down, and the caps (bytes/s)."""
     threads = common.pin_threads(1)
-    step = common.SyntheticStep(seed=s.seed)
+    cpu_step = common.SyntheticStep(seed=s.seed)
     # The least of three medians: a busy moment of the machine inflates one, not all three.
-    t_down = min(step.measure(s.batch_size) for _ in range(3))
-    log(f"{threads}; t_down = {t_down * 1e3:.2f} ms per batch of {s.batch_size}")
+    t_down = min(cpu_step.measure(s.batch_size) for _ in range(3))
+    step = cpu_step if s.step == "cpu" else DeviceStep(t_down)
+    log(f"{threads}; t_down = {t_down * 1e3:.2f} ms per batch of {s.batch_size} "
+        f"({s.step} step)")  # fmt: skip
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dataecho-stream-")))
         libs = serve(stack, s, root, t_down)
@@ -292,7 +312,7 @@ def main(argv: list[str]) -> int:
         f"Command: `{command}`.\n"
         f"Machine: {m['cpu']}; torch {m['torch']}. Load before: {load}; after: "
         f"{common.load_average()}. t_down = {t_down * 1e3:.2f} ms per batch of "
-        f"{s.batch_size}; caps for R = {s.ratio:g}: {caps}; {s.workers} loader worker(s); "
+        f"{s.batch_size}, a {s.step} step; caps for R = {s.ratio:g}: {caps}; {s.workers} loader worker(s); "
         f"dataecho where={s.where}{given}; {s.examples} examples, {s.per_shard} per shard; "
         f"{s.rounds} round(s) of {s.seconds:g} s per case after {s.warmup:g} s, "
         f"interleaved.\n\n"

@@ -99,7 +99,24 @@ def close(loader: Any, it: Any) -> None:
         loader.close()
 
 
-def train_window(loader: Any, step: SyntheticStep, *, warmup: float, seconds: float) -> Window:
+class DeviceStep:
+    """A step that stands in for an accelerator's: it takes ``seconds`` of wall time and leaves
+    the host's CPU free meanwhile, as a GPU step does (the host waits on the device), so the
+    loader's reads and decoding do not share cores with the step. Called like
+    :class:`SyntheticStep`; returns the seconds it took."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, images: Any, labels: Any) -> float:
+        start = time.perf_counter()
+        time.sleep(self.seconds)
+        return time.perf_counter() - start
+
+
+def train_window(
+    loader: Any, step: SyntheticStep | DeviceStep, *, warmup: float, seconds: float
+) -> Window:
     """Steps on ``loader``'s batches: the window starts at the first step that ends
     ``warmup`` s after the first one did and ends ``seconds`` s later, or with the epoch
     (``short``); where even the warm-up outlasts the epoch, it is all but the first step."""

@@ -46,7 +46,7 @@ from dataecho.loader.options import (
     check_dataloader_arguments,
     check_options_alone,
 )
-from dataecho.loader.pipeline import PipelineDataset
+from dataecho.loader.pipeline import PipelineDataset, over_stream
 from dataecho.loader.upstream_loader import LoaderUpstream, check_loader_upstream, is_loader
 from dataecho.loader.workers import PersistentWorkers, WorkersNode
 from dataecho.stages import EchoStats
@@ -346,7 +346,7 @@ class EchoingDataLoader(LoaderCheckpoint):
     ) -> tuple[BaseNode[Any], WorkersNode | LoaderUpstream, BaseNode[Any] | None]:
         """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), its workers
         node, and its counting stage (or None)."""
-        opts = self.options
+        opts = over_stream(self.options, self._pipeline.stream)
         workers: WorkersNode | LoaderUpstream
         if is_loader(self.dataset):
             workers = LoaderUpstream(self.dataset, self.stats, **workers_counting(opts))

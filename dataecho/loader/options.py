@@ -109,7 +109,8 @@ class LoaderOptions:
             hint="the number of recent fresh items 'auto' may reuse",
         ),
         "with echo factor 'auto': how many recent fresh items a copy may be drawn from "
-        "(default: one batch of examples, or 1 batch for where=batch or device)",
+        "(default: one batch of examples, or for where=batch or device 1 batch, 8 over a "
+        "streaming library's dataset)",
         None,
     )
     reuse_policy: str | None = _setting(

@@ -46,8 +46,22 @@ from dataecho.stages.fixed_echo import known_length
 from dataecho.stages.seeds import STAGE_ORDER, STAGE_TRANSFORM, derive_seed
 from dataecho.transforms import guard_transform
 
-# The default read-ahead over a streaming library's dataset, in batches of examples per worker.
-STREAM_READ_AHEAD_BATCHES = 8
+# Over a streaming library's dataset, in batches: the default read-ahead of a worker at a fixed
+# factor, and of "auto" at the batch level the recent batches a copy may be drawn from. A stream
+# hands on a shard's worth of batches at once, then none while the next shard downloads: reading
+# ahead keeps the downloads going, and a shard's worth to reuse fills the gap
+# (benchmarks/streaming).
+STREAM_BATCHES = 8
+
+
+def over_stream(opts: LoaderOptions, stream: object | None) -> LoaderOptions:
+    """The main process's options: ``opts``, with "auto"'s reuse buffer at the batch level
+    :data:`STREAM_BATCHES` over a stream where it was left to its default."""
+    if stream is None or not (opts.adaptive and opts.batch_level):
+        return opts
+    if "reuse_buffer" not in opts._derived:
+        return opts
+    return opts.with_changes(reuse_buffer=STREAM_BATCHES)
 
 
 class PipelineDataset(IterableDataset):
@@ -160,7 +174,7 @@ class PipelineIterator:
         if owner.stream is not None and "read_ahead" in opts._derived and not opts.adaptive:
             # A stream's reads come a shard at a time: reading ahead keeps its downloads going
             # while the batches already read are echoed (benchmarks/streaming).
-            ahead = max(ahead, STREAM_READ_AHEAD_BATCHES * opts.batch_size)
+            ahead = max(ahead, STREAM_BATCHES * opts.batch_size)
         self._tagged = Tagged(read_ahead(source, ahead))
         node: BaseNode[Any] = self._tagged
         batches = example_batches(node, opts, seed, per_example=per_example,

@@ -155,5 +155,8 @@ class ReadAhead(BaseNode[Any]):
             self._chunk_state = self._thread.state_dict()
         states = getattr(self._chunk, "states", None)
         if states and self._place:  # the source's own state after the item last handed on
-            return {"source": states[self._place - 1], "place": 0}
+            state = states[self._place - 1]
+            # Taken when that item was read; the source may since know a shorter way to it.
+            refine = getattr(self.source, "refine_state", None)
+            return {"source": refine(state) if refine else state, "place": 0}
         return {"source": self._chunk_state, "place": self._place}

@@ -65,6 +65,29 @@ def test_a_fractional_factor_over_a_streams_batches_gives_the_same_copies_every_
         assert len(batches) == 12 and sorted(batches.values()) == [2] * 6 + [3] * 6
 
 
+def bursts():
+    """Two batches' worth at once, then nothing for a while: a stream's next shard downloading."""
+    import time
+
+    for i in range(16):
+        yield {"id": i}
+    time.sleep(0.5)
+    for i in range(16, 24):
+        yield {"id": i}
+
+
+def test_auto_over_a_streams_batches_fills_a_gap_from_a_shards_worth():
+    # Over a stream "auto" at the batch level may reuse the last 8 batches by default, not only
+    # the latest: both batches of the burst get their 4 copies while the next one is on its way.
+    import datasets
+
+    loader = EchoingDataLoader(datasets.IterableDataset.from_generator(bursts), batch_size=8,
+                               echo_factor="auto", where="batch", seed=0)  # fmt: skip
+    copies = collections.Counter(int(b["id"][0]) for b in loader)
+    assert copies[0] == copies[8] == 4 and set(copies) == {0, 8, 16}
+    assert loader.stats.fresh_examples == 24
+
+
 class Counter(IterableDataset):
     """An epoch counter of its own, advanced when a pass ends (its whole state)."""
 

@@ -1,9 +1,12 @@
 """Hugging Face ``datasets.IterableDataset`` (``load_dataset(..., streaming=True)``).
 
 Each worker reads its part as the library splits it over workers (by shard), resumed through
-the dataset's own ``state_dict`` / ``load_state_dict`` (it reads again at most the rest of
-the shard it was in). The epoch is the loader's, handed on through ``set_epoch`` (the
-library's shuffle seeds by it). On several ranks a stream not yet split by node is split here,
+the dataset's own ``state_dict`` / ``load_state_dict``. That state can point at the end of a
+file already read to its end (a position the library takes before it opens the next file, and
+a resume opens that file again to skip through it): where the stages hand on each row they read
+as one item, the reader learns where each file ends as it reads, and a state taken at a file's
+end names the next file's start instead, so a resume reads again at most the file it was in.
+The epoch is the loader's, handed on through ``set_epoch`` (the library's shuffle seeds by it). On several ranks a stream not yet split by node is split here,
 with the library's own ``split_dataset_by_node``, so no two ranks read the same examples; one
 already split is read as it is.
 """
@@ -32,12 +35,92 @@ class ShuffleBufferLostWarning(UserWarning):
     """A Hugging Face stream shuffles through a buffer, whose examples its resume loses."""
 
 
+# A position in one of the library's file lists: a file's index and the rows read from it.
+LEAVES = frozenset({"ArrowExamplesIterable", "ExamplesIterable"})
+# Stages that hand on every row they read as one item, in order. Others (filter, batched map,
+# take/skip, a shuffle buffer, a split by rank that steps over rows) turn learning off.
+ONE_TO_ONE = LEAVES | {
+    "RebatchedArrowExamplesIterable", "FormattedExamplesIterable", "SelectColumnsIterable",
+    "MappedExamplesIterable",
+}  # fmt: skip
+
+
+def hands_on_each_row(dataset: Any) -> bool:
+    """Whether every stage of ``dataset`` hands on each row it reads as one item, in order."""
+    node = getattr(dataset, "_ex_iterable", None)
+    while node is not None:
+        name = type(node).__name__
+        if name not in ONE_TO_ONE or (name == "MappedExamplesIterable" and node.batched):
+            return False
+        node = getattr(node, "ex_iterable", None)
+    return True
+
+
+def live_position(state: dict[str, Any]) -> tuple[int, int] | None:
+    """The file index and rows read of the position the stream reads at now (the chain of
+    ``examples_iterable`` down to its file list), or None through a stage not one-to-one."""
+    node: Any = state.get("examples_iterable")
+    while isinstance(node, dict):
+        if node.get("type") not in ONE_TO_ONE:
+            return None
+        if node["type"] in LEAVES:
+            return int(node["shard_idx"]), int(node["shard_example_idx"])
+        node = node.get("examples_iterable")
+    return None
+
+
+def past_ended_files(state: Any, ends: dict[int, int]) -> Any:
+    """``state`` with every position at the end of a file in ``ends`` moved to the next
+    file's start: the same place, reached without opening the ended file again."""
+    if isinstance(state, list):
+        return [past_ended_files(s, ends) for s in state]
+    if not isinstance(state, dict):
+        return state
+    if state.get("type") in LEAVES and ends.get(state["shard_idx"]) == state["shard_example_idx"]:
+        return {**state, "shard_idx": state["shard_idx"] + 1, "shard_example_idx": 0}
+    return {k: past_ended_files(v, ends) for k, v in state.items()}
+
+
 class HFReader(IterableReader):
     """A worker's part of the stream, through the library's own state."""
 
     # The library's state is a few positions (copied as it is taken): a read-ahead may take
     # it after every item (loader.read_ahead), so a resume starts past what it handed on.
     CHEAP_STATE = True
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__(dataset)
+        # File index -> its rows, learned as the stream moves on from it (None: not learned).
+        self._ends: dict[int, int] | None = {} if hands_on_each_row(dataset) else None
+        self._seen: tuple[int, int] | None = None  # the position after the item before
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._seen = None
+
+    def next(self) -> Any:
+        item = super().next()
+        if self._ends is not None:
+            self._learn(live_position(self.dataset.state_dict()))
+        return item
+
+    def _learn(self, now: tuple[int, int] | None) -> None:
+        assert self._ends is not None
+        before, self._seen = self._seen, now
+        # One more row read since the position before, and it lay in a later file: every row of
+        # that position's file had been read, so the position was the file's end.
+        if before is not None and now is not None and now[0] > before[0]:
+            self._ends[before[0]] = before[1]
+
+    def get_state(self) -> dict[str, Any]:
+        return self.refine_state(super().get_state())
+
+    def refine_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state``, taken after some item, with the ends of files learned since applied
+        (a read-ahead calls this for a state it took earlier)."""
+        if not self._ends or state["dataset"] is None:
+            return state
+        return {**state, "dataset": past_ended_files(state["dataset"], self._ends)}
 
 
 def shuffles_through_a_buffer(dataset: Any) -> bool:
