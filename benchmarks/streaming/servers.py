@@ -17,6 +17,7 @@ it: the benchmark starts it from its main thread).
 from __future__ import annotations
 
 import ctypes
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 
 BUCKET = "data"
+# A request in moto's log: method, path, status.
+REQUEST = re.compile(r'"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/[\d.]+" (\d{3})')
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -49,6 +52,22 @@ class S3Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables the libraries read to reach it: credentials, endpoint, region."""
+        return {
+            **CREDENTIALS,
+            "AWS_ENDPOINT_URL": self.url,  # boto3 and obstore (litdata)
+            "S3_ENDPOINT_URL": self.url,  # mosaic streaming
+            "AWS_ALLOW_HTTP": "true",  # obstore refuses plain HTTP otherwise
+        }
+
+    def requests(self, method: str = "GET") -> list[str]:
+        """The paths of the requests answered so far (``/bucket/key``), in order."""
+        text = self.log.read_text() if self.log.is_file() else ""
+        return [m.group(2) for m in REQUEST.finditer(text)
+                if m.group(1) == method and m.group(3).startswith("2")]  # fmt: skip
 
     def __enter__(self) -> S3Server:
         with socket.socket() as s:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +16,7 @@ if ROOT not in sys.path:  # `python -m pytest` adds it; a bare `pytest` may not
     sys.path.insert(0, ROOT)
 
 from conftest import needs_nginx  # noqa: E402
+from streams_data import children  # noqa: E402
 
 from benchmarks import streaming  # noqa: E402
 from benchmarks.streaming import data, measure  # noqa: E402
@@ -42,22 +42,6 @@ def tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
     return [(block[0], block[2:]) for block in found]  # less the rule under each header
 
 
-def children() -> list[str]:
-    """This process's child processes, less the standard library's resource tracker."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            stat, cmdline = (proc / "stat").read_text(), (proc / "cmdline").read_text()
-        except OSError:
-            continue
-        if (
-            int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
-            and "resource_tracker" not in cmdline
-        ):
-            found.append(cmdline.replace("\0", " "))
-    return found
-
-
 @needs_data
 @needs_nginx
 @pytest.mark.timeout(120)
@@ -68,7 +52,7 @@ def test_a_tiny_run_gives_the_table_and_leaves_nothing_behind(tmp_path, capsys, 
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setenv("TMPDIR", str(temp))
-    kids = children()
+    kids = children(exclude=("resource_tracker",))
     out = tmp_path / "out"
     code = streaming.main(["--libraries", "webdataset,hf", "--seconds", "0.5", "--examples",
                            "512", "--per-shard", "128", "--rounds", "1",
@@ -93,7 +77,7 @@ def test_a_tiny_run_gives_the_table_and_leaves_nothing_behind(tmp_path, capsys, 
     ]
     assert all(float(r[2].split()[0]) > 0 for r in detail), detail
     # Its servers and workers stopped, its temp folders removed.
-    assert children() == kids
+    assert children(exclude=("resource_tracker",)) == kids
     # (torch's own compile cache may appear there too: a cache it keeps, not the run's.)
     assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
 
