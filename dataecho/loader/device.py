@@ -222,7 +222,7 @@ class DeviceTransform(BaseNode[Any]):
             self.generator.manual_seed(self.seed)
         else:
             self.source.reset(initial_state["source"])
-            self.generator.set_state(initial_state["generator"])
+            self.generator.set_state(torch.tensor(initial_state["generator"], dtype=torch.uint8))
 
     def next(self) -> Any:
         batch = on_device(next(self.source), self.device)
@@ -241,5 +241,6 @@ class DeviceTransform(BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         return {
             "source": to_host(self.source.state_dict()),
-            "generator": self.generator.get_state(),
+            # Its bytes as a list: the state survives a JSON round trip.
+            "generator": self.generator.get_state().tolist(),
         }

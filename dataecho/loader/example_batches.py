@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-import torch
 
 from dataecho.stages.copying import Plan, copy_items, copy_plan
 from dataecho.stages.fixed_echo import Echo
@@ -207,8 +206,9 @@ class ExampleBatches(Echo[Any]):
         return {
             **super()._get_stage_state(),
             "pool": pack(list(original.values())),
-            "refs": torch.from_numpy(np.fromiter(map(places.__getitem__, keys), np.int64)),
-            "new": torch.from_numpy(np.array(news, dtype=bool)),
+            # Plain lists: the state's bookkeeping survives a JSON round trip.
+            "refs": list(map(places.__getitem__, keys)),
+            "new": list(news),
             "exhausted": self._exhausted,
             "draws": self._saved_draws if self._draws is None else self._draws.bit_generator.state,
             "random_order": True,  # the pool's order is random: a batch is its last entries
@@ -218,8 +218,8 @@ class ExampleBatches(Echo[Any]):
         super()._load_stage_state(state)
         stored = unpack(state["pool"])
         self._entries = [
-            (*stored[place], new)
-            for place, new in zip(state["refs"].tolist(), state["new"].tolist(), strict=True)
+            (*stored[int(place)], bool(new))
+            for place, new in zip(state["refs"], state["new"], strict=True)
         ]
         self._exhausted = bool(state["exhausted"])
         self._draws, self._saved_draws = None, state["draws"]

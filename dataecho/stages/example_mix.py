@@ -281,12 +281,14 @@ class MixExamples(Stage[Any]):
         held = np.concatenate([self._held[: self._count], self._aside])  # a drain's too
         return {
             "pool": None if pool is None else map_tensors(pool, lambda t: t.clone()),
-            "held": torch.from_numpy(held),
-            "free": torch.from_numpy(self._free.copy()),
+            # Plain lists: the state's bookkeeping survives a JSON round trip (the pool's rows
+            # are the user's data, kept as they are).
+            "held": held.tolist(),
+            "free": self._free.tolist(),
             "sizes": list(self._sizes),
             "exhausted": self._exhausted,
-            "examples": torch.from_numpy(self._example[held]),
-            "undelivered": torch.tensor(sorted(self._undelivered), dtype=torch.int64),
+            "examples": self._example[held].tolist(),
+            "undelivered": sorted(self._undelivered),
             "newest": self._newest,
             "first_deliveries": self.first_deliveries,
             "draws": self._saved_draws if self._draws is None else self._draws.bit_generator.state,
@@ -297,14 +299,15 @@ class MixExamples(Stage[Any]):
         if state["pool"] is not None:
             self._layout = RowLayout(state["pool"])
             self._slots = self._layout.to_words(state["pool"])
-        held, self._free = state["held"].numpy(), state["free"].numpy().copy()
+        held = np.asarray(state["held"], dtype=np.int64)
+        self._free = np.array(state["free"], dtype=np.int64)
         self._count = len(held)
         capacity = self._count + len(self._free)
         self._held = np.concatenate([held, np.zeros(len(self._free), dtype=np.int64)])
         self._owner = np.full(capacity, -1, dtype=np.int64)
         self._example = np.zeros(capacity, dtype=np.int64)
-        self._example[held] = state["examples"].numpy()
-        self._undelivered = set(state["undelivered"].tolist())
+        self._example[held] = np.asarray(state["examples"], dtype=np.int64)
+        self._undelivered = {int(i) for i in state["undelivered"]}
         self._newest, self.first_deliveries = int(state["newest"]), int(state["first_deliveries"])
         self._sizes = deque(int(s) for s in state["sizes"])
         self._exhausted = bool(state["exhausted"])

@@ -145,7 +145,7 @@ def test_the_pool_state_holds_each_original_once():
     state = node.state_dict()
     assert len(state["refs"]) == len(node._entries) >= 64
     (images,) = [c["data"] for c in state["pool"]["columns"] if c["kind"] == "tensor"]
-    assert len(images) == len(set(state["refs"].tolist())) < len(state["refs"])
+    assert len(images) == len(set(state["refs"])) < len(state["refs"])
 
 
 def test_auto_before_augment_still_echoes_each_copy_augmented():

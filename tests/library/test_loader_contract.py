@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 import math
 import multiprocessing
 import os
 import socket
 import time
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import Numbers, alive, torch_roundtrip
+from conftest import Numbers, alive, run_test_save_load_state, torch_roundtrip
 from test_loader import NumberStream, add_noise, labels_of
 from torch.utils.data import (
     DataLoader,
@@ -449,3 +451,55 @@ def test_a_stage_buffer_past_its_ceiling_is_refused(make):
     ):
         make(2**64)
     make(MAX_BUFFER)  # the ceiling itself: a buffer fills as items come, nothing is allocated
+
+
+def json_roundtrip(state: Any) -> Any:
+    """``state`` after ``json.dumps`` / ``json.loads``, as torchdata's own tests take it."""
+    return json.loads(json.dumps(state))
+
+
+@pytest.mark.parametrize(
+    ("where", "factor", "buffer"),
+    [("before_augment", 2.5, 0), ("after_augment", 2, 16), ("batch", 2, 0), ("batch", 3, 4)],
+)
+@pytest.mark.filterwarnings("ignore:.*the copies of each example are identical")
+def test_a_state_over_plain_examples_survives_json_and_resumes_exactly(where, factor, buffer):
+    # dataecho's own bookkeeping is numbers and lists: over examples that are ints (batches
+    # kept as lists, so that a batch held for its copies is JSON too), the whole state is
+    # JSON, and a loader restored from its JSON copy goes on exactly.
+    def make() -> EchoingDataLoader:
+        return EchoingDataLoader(list(range(30)), batch_size=4, echo_factor=factor, seed=0,
+                                 where=where, shuffle=True, shuffle_buffer=buffer,
+                                 collate_fn=list)  # fmt: skip
+
+    run_test_save_load_state(
+        make, positions=[0, 3, 10], roundtrip=False,
+        restore=lambda loader, state: loader.load_state_dict(json_roundtrip(state)),
+        new_epoch=lambda loader: None, end_may_start_next_epoch=True,
+    )  # fmt: skip
+
+
+def tensors_in(state: Any, path: str = "") -> list[str]:
+    """Where ``state`` holds tensors."""
+    if isinstance(state, dict):
+        return [p for k, v in state.items() for p in tensors_in(v, f"{path}/{k}")]
+    if isinstance(state, (list, tuple)):
+        return [p for i, v in enumerate(state) for p in tensors_in(v, f"{path}[{i}]")]
+    return [path] if isinstance(state, torch.Tensor) else []
+
+
+@pytest.mark.parametrize("buffer", [0, 16])
+def test_on_the_device_only_the_users_batches_are_tensors_in_the_state(buffer):
+    # The batches held for their copies are the user's data, on the device as tensors; the
+    # augmentation generator's state and the pool's bookkeeping are plain lists.
+    loader = EchoingDataLoader(list(range(30)), batch_size=4, echo_factor=2.5, seed=0,
+                               where="device", device="cpu", shuffle_buffer=buffer)  # fmt: skip
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+        state = loader.state_dict()
+        assert all(p.rsplit("/", 1)[-1] in ("data", "pool") for p in tensors_in(state)), (
+            tensors_in(state)
+        )
+        assert isinstance(state["root"]["generator"], list)
+    loader.close()
