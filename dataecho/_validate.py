@@ -105,11 +105,33 @@ def one_of(value: object, choices: tuple[str, ...], *, name: str) -> str:
     return value
 
 
+# torch's generators take a seed that fits a signed 64-bit integer.
+MAX_SEED = 2**63 - 1
+
+
 def seed(value: object) -> int | None:
-    """Accept None or a non-negative integer seed."""
+    """Accept None or an integer seed from 0 to :data:`MAX_SEED`."""
     if value is None:
         return None
-    return non_negative_int(value, name="seed", hint="pass a non-negative int or None")
+    return non_negative_int(
+        value, name="seed", high=MAX_SEED, why="torch's generators take a 63-bit seed",
+        hint="pass a smaller non-negative int (e.g. seed % 2**63), or None for a fresh one",
+    )  # fmt: skip
+
+
+def timeout(value: object) -> float:
+    """Accept a finite number of seconds >= 0 (0: wait for a worker's batch without limit)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise DataechoTypeError(
+            f"timeout must be a number of seconds >= 0 (0: no limit), got {value!r} of type "
+            f"{type(value).__name__}; pass e.g. timeout=0 or timeout=120"
+        )
+    if not math.isfinite(value) or value < 0:
+        raise DataechoValueError(
+            f"timeout must be a finite number of seconds >= 0 (0: no limit), got {value!r}; "
+            "pass timeout=0 to wait without limit, or the seconds a worker may take per batch"
+        )
+    return float(value)
 
 
 def saved_state(state: dict[str, Any], keys: tuple[str, ...], *, holds: str) -> None:

@@ -16,6 +16,7 @@ import argparse
 import ast
 import importlib
 import inspect
+import math
 import pathlib
 import pickle
 import re
@@ -315,6 +316,20 @@ BAD_ARGUMENTS = {
     "OptionalCallable check": (
         lambda: _validate.OptionalCallable("batch").check("f", 3), TypeError),
     "seed": (lambda: _validate.seed(-1), ValueError),
+    "EchoingDataLoader seed=2**64": (
+        lambda: dataecho.EchoingDataLoader(range(8), batch_size=4, seed=2**64), ValueError),
+    "EchoingDataLoader timeout=-2": (
+        lambda: dataecho.EchoingDataLoader(range(8), batch_size=4, timeout=-2), ValueError),
+    "EchoingDataLoader timeout=''": (
+        lambda: dataecho.EchoingDataLoader(range(8), batch_size=4, timeout=""), TypeError),
+    "EchoingDataLoader timeout=nan": (
+        lambda: dataecho.EchoingDataLoader(range(8), batch_size=4, timeout=math.nan),
+        ValueError),
+    "EchoingDataLoader timeout=inf": (
+        lambda: dataecho.EchoingDataLoader(range(8), batch_size=4, timeout=math.inf),
+        ValueError),
+    "EchoingDataLoader timeout without workers": (
+        lambda: dataecho.EchoingDataLoader(range(8), batch_size=4, timeout=5), ValueError),
     # The application.
     "TrainConfig unknown key": (lambda: _app_config(echo_factr=2), TypeError),
     "TrainConfig resume without a folder": (lambda: _app_config(resume=True), ValueError),
