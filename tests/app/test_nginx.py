@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -81,6 +82,31 @@ def test_serves_files_and_stops_without_a_trace(tmp_path):
     with NginxServer(tmp_path, rate_limit_bytes_per_s=2_500_000) as again:
         assert again.pid != pid and "2.5 MB/s per connection" in again.describe()
         assert _direct.open(again.url + "/a.bin").read() == b"hello"
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_serves_only_regular_files_inside_the_folder(tmp_path):
+    folder, outside = tmp_path / "shards", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text("outside the folder")
+    (folder / "a.bin").write_bytes(b"hello")
+    (folder / ".env").write_text("TOKEN=1")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "config").write_text("[remote]")
+    (folder / "out.bin").symlink_to(outside / "secret.txt")
+    (folder / "in.bin").symlink_to(folder / "a.bin")  # inside, but it may be changed to point out
+    (folder / "linked").symlink_to(outside, target_is_directory=True)
+    with NginxServer(folder) as server:
+        assert _direct.open(server.url + "/a.bin").read() == b"hello"
+        refused = {}
+        for path in ("/out.bin", "/in.bin", "/linked/secret.txt", "/.env", "/.git/config"):
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                _direct.open(server.url + path)
+            refused[path] = caught.value.code
+    # 403, or 404 for a linked folder (nginx opens it without following the link): not served.
+    assert refused == {**dict.fromkeys(refused, 403), "/linked/secret.txt": 404}
 
 
 @needs_nginx
@@ -194,13 +220,22 @@ def run_child(body: str, tmp: Path) -> subprocess.Popen:
     )
 
 
+def nginx_folders(tmp: Path, want: list[Path]) -> list[Path]:
+    """The nginx temp folders in ``tmp``, once they are ``want`` (or after 5 s: as they are)."""
+    deadline = time.monotonic() + 5
+    while (found := sorted(tmp.glob("dataecho-nginx-*"))) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
 @needs_nginx
 @pytest.mark.timeout(90)
-def test_no_nginx_outlives_its_python_process(tmp_path):
+def test_no_nginx_nor_its_temp_folder_outlives_its_python_process(tmp_path):
     # Three Python processes, started together (their imports are the slow part):
     # SIGINT -> KeyboardInterrupt runs __exit__; SIGKILL -> no Python cleanup at all, the
     # watcher stops nginx (started from a thread that has ended: the watcher does not depend
-    # on which thread started nginx); a server never stopped -> atexit stops it.
+    # on which thread started nginx) and removes its temp folder; a server never stopped ->
+    # atexit stops it.
     serve = f"""
         with NginxServer({str(tmp_path)!r}) as server:
             print(server.pid, flush=True)
@@ -227,6 +262,8 @@ def test_no_nginx_outlives_its_python_process(tmp_path):
             line = child.stdout.readline()
             assert line.strip().isdigit(), f"{name} child: {line!r} {child.stderr.read()}"
             pids[name] = int(line)
+        # The two servers still running have their config and logs there (atexit's: gone).
+        assert len(list(tmp_path.glob("dataecho-nginx-*"))) >= 2
         for name in ("SIGINT", "SIGKILL"):
             assert alive(pids[name])
             children[name].send_signal(getattr(signal, name))
@@ -239,6 +276,44 @@ def test_no_nginx_outlives_its_python_process(tmp_path):
     assert children["atexit"].returncode == 0
     for name, pid in pids.items():
         assert wait_gone(pid, timeout=5) == [], f"nginx left running after {name}"
+    assert nginx_folders(tmp_path, []) == []  # the SIGKILLed one's too
+
+
+@needs_nginx
+@pytest.mark.timeout(30)
+def test_the_next_start_stops_an_orphaned_nginx_and_removes_its_folder(tmp_path, monkeypatch):
+    # The watcher dies with its owner (a kill of the whole session or cgroup): nothing stops
+    # that nginx nor removes its folder, until the next server starts in that temp directory.
+    # The owner is forked from this process, so that it starts without an import.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "served").mkdir()
+    read_end, write_end = os.pipe()
+    owner = os.fork()
+    if owner == 0:  # the owner: start a server, say where it is, wait to be killed
+        try:
+            os.close(read_end)
+            server = NginxServer(tmp_path / "served").start()
+            os.write(write_end, f"{server.pid} {server._watcher.pid} {server.prefix}\n".encode())
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        nginx, watcher, folder = pipe.readline().split()
+        os.kill(int(watcher), signal.SIGKILL)
+        os.kill(owner, signal.SIGKILL)
+    os.waitpid(owner, 0)
+    nginx, folder = int(nginx), Path(folder)
+    try:
+        time.sleep(0.2)  # time for a watcher, were it alive, to begin its work
+        assert alive(nginx) and nginx_folders(tmp_path, [folder]) == [folder]
+        with NginxServer(tmp_path / "served") as server:
+            assert wait_gone(nginx, timeout=5) == [], "the orphaned nginx still runs"
+            assert nginx_folders(tmp_path, [server.prefix]) == [server.prefix]
+        assert nginx_folders(tmp_path, []) == []
+    finally:
+        if group_pids(nginx):  # a failed check leaves no nginx behind
+            os.killpg(nginx, signal.SIGKILL)
 
 
 @needs_nginx

@@ -4,11 +4,17 @@
         dataset = ShardDataset(server.url)
     NginxServer(proxy="http://127.0.0.1:9000", ...)   # or in front of a server (see *Proxy*)
 
-Everything nginx writes (config, pid, logs, temp files) lives in a fresh temp folder. nginx runs
-in the foreground (``daemon off``) in its own process group, and is stopped (SIGTERM, then
-SIGKILL for the whole group) on ``__exit__``, on an error while starting, on Ctrl-C (the
-``KeyboardInterrupt`` runs ``__exit__``), at interpreter exit (``atexit``) and when the Python
-process dies without cleaning up (``kill -9``): see *Lifetime*.
+Everything nginx writes (config, pid, logs, temp files) lives in a fresh temp folder,
+``dataecho-nginx-*`` in the temp directory. nginx runs in the foreground (``daemon off``) in its
+own process group, and is stopped (SIGTERM, then SIGKILL for the whole group) and its folder
+removed on ``__exit__``, on an error while starting, on Ctrl-C (the ``KeyboardInterrupt`` runs
+``__exit__``), at interpreter exit (``atexit``) and when the Python process dies without
+cleaning up (``kill -9``): see *Lifetime*.
+
+Serving: only regular files inside the folder. A symbolic link is refused (403; 404 for a path
+through a linked folder), wherever it points (nginx's ``disable_symlinks``), and so is a
+dotfile or anything under a dot folder (``.git/``, ``.env``): a link into the rest of the
+disk, or a secret left beside the shards, is never served.
 
 Lifetime: nginx lives as long as the process that started it, whichever thread started it.
 The kernel's parent-death signal does not do this: it fires when the *thread* that forked the
@@ -17,9 +23,12 @@ nginx is not Python, so it cannot poll its parent the way loader workers do
 (:mod:`dataecho.loader.lifetime`); instead a tiny ``sh`` watcher, in a session of its own,
 waits on a pipe whose only write end this process holds. When the process dies, however it
 dies, the kernel closes that end, the watcher's read ends, and it stops nginx's process group
-(SIGTERM, then SIGKILL). A forked child (a DataLoader worker) inherits the write end, so a
-server outlives its process by as long as such children do (loader workers: a tenth of a
-second).
+(SIGTERM, then SIGKILL) and removes the temp folder. A forked child (a DataLoader worker)
+inherits the write end, so a server outlives its process by as long as such children do
+(loader workers: a tenth of a second). Should the watcher die with its owner (a kill of the
+whole session or cgroup), the folder names its owner (pid and start time, in ``owner``): the
+next server to start removes every such folder whose owner is gone, stopping an nginx still
+running from it.
 
 Bandwidth: nginx's ``limit_rate`` caps each *connection*. Every shard is one HTTP request
 (:mod:`dataecho.app.sources.retrying`), and each DataLoader worker streams one shard at a time, so
@@ -152,13 +161,15 @@ class NginxServer:
         if self._proc is not None:
             return self
         binary = find_nginx(self.binary)
-        self.prefix = Path(tempfile.mkdtemp(prefix="dataecho-nginx-"))
+        sweep_stale_folders()
+        self.prefix = Path(tempfile.mkdtemp(prefix=_PREFIX))
+        (self.prefix / _OWNER).write_text(_owner_id(os.getpid()) or "")
         atexit.register(self.stop)
         try:
             for attempt in range(3):  # a free port found here may be taken before nginx binds
                 port = self._fixed_port or _free_port()
                 self._proc = self._spawn(binary, port)
-                self._watch(self._proc.pid)
+                self._watch(self._proc.pid, self.prefix)
                 if self._wait_ready(port):
                     self.port = port
                     return self
@@ -222,12 +233,13 @@ class NginxServer:
                 start_new_session=True,  # own group: killpg reaches master and workers
             )
 
-    def _watch(self, pgid: int) -> None:
-        """Start the watcher that stops group ``pgid`` when this process's pipe end closes."""
+    def _watch(self, pgid: int, prefix: Path) -> None:
+        """Start the watcher that stops group ``pgid`` and removes ``prefix`` when this
+        process's pipe end closes."""
         read_end, self._lifeline = os.pipe()  # not inherited by exec'd children (O_CLOEXEC)
         try:
             self._watcher = subprocess.Popen(
-                ["/bin/sh", "-c", _WATCHER, "dataecho-nginx-watcher", str(pgid)],
+                ["/bin/sh", "-c", _WATCHER, "dataecho-nginx-watcher", str(pgid), str(prefix)],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -252,7 +264,11 @@ class NginxServer:
             user = f"user {pwd.getpwuid(0).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
         serve = root = ""
         if self.root_dir is not None:
-            root = f"root {_q(self.root_dir)};"
+            # Regular files inside the folder only: no link (even one inside it: what it points
+            # at may change), checked below the root; no dotfile nor dot folder (see *Serving*).
+            root = f"""root {_q(self.root_dir)};
+        disable_symlinks on from=$document_root;
+        location ~ /\\. {{ deny all; }}"""
         else:  # the request as it came, the client's Host included (see *Proxy*)
             serve = f"""proxy_pass {self.proxy}; proxy_http_version 1.1; proxy_buffering on;
             proxy_set_header Host $http_host; proxy_set_header Connection ""; proxy_redirect off;"""
@@ -361,6 +377,52 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def sweep_stale_folders(temp_dir: str | Path | None = None) -> list[Path]:
+    """Remove the ``dataecho-nginx-*`` folders in ``temp_dir`` (default: the temp directory)
+    whose owner process is gone, stopping an nginx still running from one; returns them.
+
+    Only this user's folders that name their owner are touched: a folder being created, or
+    one whose owner lives (the same pid and start time: a reused pid is another process), is
+    left alone.
+    """
+    removed = []
+    for folder in Path(temp_dir or tempfile.gettempdir()).glob(_PREFIX + "*"):
+        try:
+            if folder.stat().st_uid != os.getuid():
+                continue
+            owner = (folder / _OWNER).read_text().split()
+        except OSError:  # not ours to read, or no owner written yet: in use or being made
+            continue
+        if len(owner) != 2 or not owner[0].isdigit() or _owner_id(int(owner[0])) == " ".join(owner):
+            continue
+        _stop_orphan(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _owner_id(pid: int) -> str | None:
+    """``"pid start_time"`` of a live process (start in clock ticks since boot), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else f"{pid} {fields[19]}"
+
+
+def _stop_orphan(folder: Path) -> None:
+    """SIGKILL the group of an nginx still running from ``folder`` (its command line names
+    the folder's config, so a reused pid is never hit)."""
+    try:
+        pid = int((folder / "nginx.pid").read_text().split()[0])
+        # nginx rewrites its title ("nginx: master process ... -c FOLDER/nginx.conf").
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return
+    if str(folder / "nginx.conf").encode() in command:
+        _killpg(pid, signal.SIGKILL)
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -389,11 +451,16 @@ def _q(path: Path) -> str:
     return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+_PREFIX = "dataecho-nginx-"
+_OWNER = "owner"  # in the temp folder: "pid start_time" of the process that started nginx
+
 # The watcher: `read` returns at end of file, when the owner's write end is closed (the owner
-# died), then nginx's group ($1) gets SIGTERM (a fast shutdown) and SIGKILL if it lingers.
+# died), then nginx's group ($1) gets SIGTERM (a fast shutdown) and SIGKILL if it lingers, and
+# the temp folder ($2) goes.
 _WATCHER = """read -r _
 kill -TERM -$1 2>/dev/null
 tries=0
 while kill -0 -$1 2>/dev/null && [ $tries -lt 50 ]; do sleep 0.1; tries=$((tries + 1)); done
 kill -KILL -$1 2>/dev/null
+rm -rf -- "$2"
 """

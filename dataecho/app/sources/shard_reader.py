@@ -20,12 +20,21 @@ says what happens: "raise" (:class:`BadRecordError`, naming the shard, the recor
 or "skip" (counted in ``skipped``, the records a shard lost included, logged, and reported to
 ``on_skip``: :class:`~dataecho.app.sources.shards.ShardDataset` adds them up over its passes and
 workers, so that a run can report them).
+
+Bounds on an HTTP shard (see :mod:`~dataecho.app.sources.retrying`): its body may not go past
+the size its manifest lists (``sizes``): a server that sends more, after the tar's end too, is
+cut off there with :class:`ShardReadError` naming the URL, never read to its end. Without
+``sizes``, what follows the tar's end is read up to ``TAR_TAIL_BYTES`` (its end-of-archive
+padding), and a body that goes on past that fails the same way. ``deadline_s`` bounds the
+time each request waits for the server, and a redirect to another host is refused unless
+``allow_cross_host_redirects``.
 """
 
 from __future__ import annotations
 
 import http.client
 import logging
+import math
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -34,8 +43,11 @@ from typing import Any, BinaryIO
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from dataecho.app.sources.retrying import (
+    DEFAULT_DEADLINE_S,
     Backoff,
     BadRecordError,
+    Ceiling,
+    RefusedAnswer,
     ShardReadError,
     give_up_message,
     is_http,
@@ -45,6 +57,9 @@ from dataecho.app.sources.retrying import (
 
 POLICIES = ("raise", "skip")
 STATE_KEYS = ("epoch", "reader", "readers", "shard", "offset", "skipped")
+TAR_TAIL_BYTES = 1 << 20
+"""Bytes read after a tar's end when its size is not known: far more than any end padding
+(a record: 10 KiB for Python's and GNU tar's default blocking factor)."""
 log = logging.getLogger("dataecho.shards")
 
 
@@ -60,6 +75,11 @@ class ShardReader:
         retry_seconds: how long HTTP faults are retried before :class:`ShardReadError`.
         timeout_s: seconds without a byte from an HTTP server before it counts as a fault.
         on_skip: called with this reader after each skip (``skipped`` already counts it).
+        sizes: bytes each shard holds (its manifest's ``bytes``), the most an HTTP body may
+            send; None: unknown (module docstring).
+        deadline_s: the most seconds one HTTP request may spend waiting for the server (None:
+            no bound); a request past it is a fault, retried as a stall is.
+        allow_cross_host_redirects: follow an HTTP redirect to another host (or port).
     """
 
     def __init__(
@@ -76,8 +96,14 @@ class ShardReader:
         retry_seconds: float = 60.0,
         timeout_s: float = 30.0,
         on_skip: Callable[[ShardReader], None] | None = None,
+        sizes: list[int] | None = None,
+        deadline_s: float | None = DEFAULT_DEADLINE_S,
+        allow_cross_host_redirects: bool = False,
     ) -> None:
         self.urls, self.counts, self.decode = urls, counts, decode
+        self.sizes = sizes
+        self.deadline_s = deadline_s
+        self.allow_cross_host_redirects = allow_cross_host_redirects
         self.on_skip = on_skip
         self.on_bad_record = on_bad_record
         self.timeout_s = timeout_s
@@ -137,7 +163,19 @@ class ShardReader:
 
     def _open(self, url: str) -> None:
         self._seen = 0
-        self._stream = open_shard(url, timeout_s=self.timeout_s)
+        ceiling = None
+        if self.sizes is not None:
+            ceiling = Ceiling(
+                self.sizes[self.shard],
+                f"the {self.sizes[self.shard]:,} bytes its manifest lists",
+                "The shard changed after the manifest was written, or the server adds to it "
+                "(the body goes on after the tar's end); write the shards again (dataecho "
+                "prepare) and serve the folder as it was written",
+            )
+        self._stream = open_shard(
+            url, timeout_s=self.timeout_s, deadline_s=self.deadline_s, ceiling=ceiling,
+            allow_cross_host_redirects=self.allow_cross_host_redirects,
+        )  # fmt: skip
         self._records = _records(self._stream, url)
 
     def _end_of_shard(self, url: str, count: int, why: str) -> None:
@@ -150,13 +188,19 @@ class ShardReader:
                 lost=lost,
             )
         if self._stream is not None and is_http(url):
-            _drain(self._stream)  # the whole body: what nginx logs is what the shard holds
+            try:  # the whole body: what nginx logs is what the shard holds
+                _drain(self._stream, url, known_size=self.sizes is not None)
+            except RefusedAnswer as err:
+                self.close()
+                raise ShardReadError(err.message) from err
         self.close()
         self.shard, self.offset = self.shard + 1, 0
 
     def _fault(self, url: str, count: int, err: Exception) -> None:
         """An upstream error: retry while the backoff allows, else a clear error."""
         self.close()
+        if isinstance(err, RefusedAnswer):  # lasting, and the message says it all
+            raise ShardReadError(f"{err.message} (at record {self.offset} of {count})") from err
         where = f"{url} at record {self.offset} of {count}"
         retrying = is_http(url) and is_transient(err)
         delay = self._backoff.failed() if retrying else None
@@ -187,11 +231,23 @@ def _records(stream: BinaryIO, url: str) -> Iterator[dict[str, Any]]:
     return group_by_keys({**f, "__url__": url} for f in files)
 
 
-def _drain(stream: BinaryIO) -> None:
-    """Read what is left (tar padding); a fault here loses nothing, so it is ignored."""
+def _drain(stream: BinaryIO, url: str, *, known_size: bool) -> None:
+    """Read what is left (tar padding), within the body's ceiling (``known_size``) or else
+    ``TAR_TAIL_BYTES``; past it, :class:`RefusedAnswer`. Any other fault here loses nothing
+    (every record has come), so it is ignored."""
+    left = math.inf if known_size else TAR_TAIL_BYTES
     try:
-        while stream.read(_DRAIN):
-            pass
+        while chunk := stream.read(_DRAIN):
+            left -= len(chunk)
+            if left < 0:
+                raise RefusedAnswer(
+                    f"{url}: the body goes on for more than {TAR_TAIL_BYTES:,} bytes after the "
+                    "tar archive's end (TAR_TAIL_BYTES, more than its end padding); reading "
+                    "stopped there. The server adds to the shard; serve the folder dataecho "
+                    "prepare wrote"
+                )
+    except RefusedAnswer:
+        raise
     except OSError:
         pass
 

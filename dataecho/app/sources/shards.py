@@ -37,9 +37,9 @@ from torch.utils.data import IterableDataset
 
 from dataecho import _validate
 from dataecho.app.sources import emulated  # registers the emulated: URL scheme with webdataset
-from dataecho.app.sources.retrying import read_retrying
+from dataecho.app.sources.retrying import DEFAULT_DEADLINE_S, Ceiling, read_retrying
 from dataecho.app.sources.shard_reader import POLICIES, STATE_KEYS, ShardReader
-from dataecho.errors import DataechoValueError
+from dataecho.errors import DataechoTypeError, DataechoValueError
 
 FORMAT = "dataecho-webdataset-shards"
 VERSION = 1
@@ -50,30 +50,52 @@ SAMPLES = {
 }
 TOKEN_DTYPES = ("uint8", "int16", "uint16", "int32", "int64")
 SKIP_SLOTS = 1024  # DataLoader workers per process whose skipped records are counted
+MAX_MANIFEST_BYTES = 16 << 20
+"""The most bytes a manifest may hold: about 100,000 shards' entries. A larger body is not a
+manifest dataecho prepare wrote, and is refused before it is read."""
+_MANIFEST_CEILING = Ceiling(
+    MAX_MANIFEST_BYTES,
+    f"the {MAX_MANIFEST_BYTES >> 20} MiB a manifest may hold (MAX_MANIFEST_BYTES)",
+    "This is not a manifest dataecho prepare wrote: check that the upstream names the folder "
+    "it wrote (its manifest.json lists every shard in about 150 bytes)",
+)
 
 
 def load_manifest(
-    base: str | Path, *, retry_seconds: float = 60.0, timeout_s: float = 30.0
+    base: str | Path,
+    *,
+    retry_seconds: float = 60.0,
+    timeout_s: float = 30.0,
+    deadline_s: float | None = DEFAULT_DEADLINE_S,
+    allow_cross_host_redirects: bool = False,
 ) -> dict[str, Any]:
     """The manifest under ``base``: a folder, an ``http(s)://`` URL or an ``emulated:`` URL.
 
     Over HTTP it is read as a shard is (:func:`~dataecho.app.sources.retrying.read_retrying`):
     a server down or stalled is retried for ``retry_seconds``, ``timeout_s`` without a byte
-    counts as stalled, and a lasting fault raises ``UpstreamError`` naming the URL and the fix.
+    or ``deadline_s`` of waiting for the whole answer counts as stalled, a redirect to another
+    host is refused unless ``allow_cross_host_redirects``, and a lasting fault raises
+    ``UpstreamError`` naming the URL and the fix. A manifest over ``MAX_MANIFEST_BYTES`` is
+    refused before its body is read.
     """
     base = str(base)
     if base.startswith(("http://", "https://")):
         url = urlsplit(base)
         url = url._replace(path=url.path.rstrip("/") + "/" + MANIFEST).geturl()
-        manifest = _parse_manifest(
-            read_retrying(url, retry_seconds=retry_seconds, timeout_s=timeout_s), url
-        )
+        body = read_retrying(
+            url, retry_seconds=retry_seconds, timeout_s=timeout_s, deadline_s=deadline_s,
+            ceiling=_MANIFEST_CEILING, allow_cross_host_redirects=allow_cross_host_redirects,
+        )  # fmt: skip
+        manifest = _parse_manifest(body, url)
     else:
         if base.startswith(emulated.SCHEME + ":"):  # metadata is read without emulated delays
             base = unquote(urlsplit(base).path)
         path = Path(base) / MANIFEST
         if not path.is_file():
             raise FileNotFoundError(f"no {MANIFEST} in {base}; write the shards first")
+        if (size := path.stat().st_size) > MAX_MANIFEST_BYTES:
+            c = _MANIFEST_CEILING
+            raise DataechoValueError(f"{path}: {size:,} bytes, more than {c.what}. {c.fix}")
         manifest = _parse_manifest(path.read_text(), str(path))
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise DataechoValueError(
@@ -131,6 +153,14 @@ class ShardDataset(IterableDataset):
             retried, with backoff, before an error naming the shard and record; the
             manifest read (when ``manifest`` is not given) is retried the same way.
         timeout_s: seconds without a byte from an HTTP server before it counts as stalled.
+        deadline_s: the most seconds one HTTP request (a shard, the manifest) may spend
+            waiting for the server, however it trickles, before it counts as stalled (None: no
+            bound; the reader's own time between reads does not count).
+        allow_cross_host_redirects: follow an HTTP redirect to another host or port (by
+            default refused with an error naming both).
+
+    Over HTTP a shard's body may not go past the size its manifest lists: one that does (after
+    the tar's end too) fails with ``ShardReadError`` naming the URL, and is not read further.
     """
 
     def __init__(
@@ -143,17 +173,31 @@ class ShardDataset(IterableDataset):
         on_bad_record: str = "raise",
         retry_seconds: float = 60.0,
         timeout_s: float = 30.0,
+        deadline_s: float | None = DEFAULT_DEADLINE_S,
+        allow_cross_host_redirects: bool = False,
     ) -> None:
         self.retry_seconds = _seconds(retry_seconds, "retry_seconds", zero_ok=True)
         self.timeout_s = _seconds(timeout_s, "timeout_s", zero_ok=False)
+        self.deadline_s = (
+            None if deadline_s is None else _seconds(deadline_s, "deadline_s", zero_ok=False)
+        )
+        if not isinstance(allow_cross_host_redirects, bool):
+            raise DataechoTypeError(
+                f"allow_cross_host_redirects must be True or False, got "
+                f"{allow_cross_host_redirects!r}"
+            )
+        self.allow_cross_host_redirects = allow_cross_host_redirects
         if manifest is None:
             manifest = load_manifest(
-                base, retry_seconds=self.retry_seconds, timeout_s=self.timeout_s
-            )
+                base, retry_seconds=self.retry_seconds, timeout_s=self.timeout_s,
+                deadline_s=self.deadline_s,
+                allow_cross_host_redirects=self.allow_cross_host_redirects,
+            )  # fmt: skip
         self.manifest = manifest
         self.kind = _validate.one_of(self.manifest["kind"], tuple(SAMPLES), name="manifest kind")
         self.urls = shard_urls(base, self.manifest)
         self.counts = [int(s["count"]) for s in self.manifest["shards"]]
+        self.sizes = [int(s["bytes"]) for s in self.manifest["shards"]]
         self.shuffle_shards = bool(shuffle_shards)
         self.seed = _validate.non_negative_int(seed, name="seed")
         self.on_bad_record = _validate.one_of(on_bad_record, POLICIES, name="on_bad_record")
@@ -263,6 +307,9 @@ class ShardDataset(IterableDataset):
             on_bad_record=self.on_bad_record,
             retry_seconds=self.retry_seconds,
             timeout_s=self.timeout_s,
+            sizes=[self.sizes[i] for i in mine],
+            deadline_s=self.deadline_s,
+            allow_cross_host_redirects=self.allow_cross_host_redirects,
             on_skip=None if self._tally is None else functools.partial(self._count_skip, worker),
         )
         return self._reader
