@@ -216,27 +216,107 @@ class RandomResizedCrop:
 class Normalize:
     """``(x - mean) / std`` as float32, reading uint8 as 0..255 and floats as already 0..1.
 
+    ``mean`` and ``std`` are one number for every channel, or one per channel, as torchvision's
+    ``Normalize`` takes them: a sequence (list, tuple) or a 1-D tensor, e.g.
+    ``Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))``. Every ``std`` must be finite and
+    > 0 and every ``mean`` finite (checked here); per-channel values must match the batch's
+    channel count ``C`` (checked at each call, since the op does not know ``C`` before).
+
     No randomness: ``generator`` is accepted for the common interface and not used. Put it
     after the shifts and crops, so that their zero padding is black before normalising, as the
     host-side augmentation does.
     """
 
-    def __init__(self, mean: float, std: float) -> None:
-        if not isinstance(std, (float, numbers.Real)) or not 0 < std < float("inf"):
-            raise AugmentError(f"std must be a finite number > 0, got {std!r}; e.g. std=0.35")
-        if not isinstance(mean, (float, numbers.Real)) or not abs(mean) < float("inf"):
-            raise AugmentTypeError(f"mean must be a finite number, got {mean!r}; e.g. mean=0.29")
-        self.mean, self.std = float(mean), float(std)
+    def __init__(
+        self,
+        mean: float | Sequence[float] | torch.Tensor,
+        std: float | Sequence[float] | torch.Tensor,
+    ) -> None:
+        self.std = _channel_values(std, "std", positive=True, example="std=0.35 or std=(0.229, "
+                                   "0.224, 0.225)")  # fmt: skip
+        self.mean = _channel_values(mean, "mean", positive=False, example="mean=0.29 or "
+                                    "mean=(0.485, 0.456, 0.406)")  # fmt: skip
+        if isinstance(self.mean, tuple) and isinstance(self.std, tuple):
+            if len(self.mean) != len(self.std):
+                raise AugmentError(
+                    f"mean and std give different channel counts ({len(self.mean)} and "
+                    f"{len(self.std)}); give one value per channel for both, or one number"
+                )
+        self._cache: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __repr__(self) -> str:
-        return f"Normalize(mean={self.mean:g}, std={self.std:g})"
+        def text(v: float | tuple[float, ...]) -> str:
+            return f"{v:g}" if isinstance(v, float) else f"({', '.join(f'{x:g}' for x in v)})"
+
+        return f"Normalize(mean={text(self.mean)}, std={text(self.std)})"
 
     def __call__(self, batch: Any, generator: torch.Generator | None = None) -> Any:
         return _on_inputs(batch, self._normalize, self, generator)
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
-        scale = 1.0 / self.std / (255.0 if images.dtype == torch.uint8 else 1.0)
-        return images.to(torch.float32).mul(scale).sub_(self.mean / self.std)
+        unit = 255.0 if images.dtype == torch.uint8 else 1.0
+        if isinstance(self.mean, float) and isinstance(self.std, float):
+            scale = 1.0 / self.std / unit
+            return images.to(torch.float32).mul(scale).sub_(self.mean / self.std)
+        scales, shifts = self._per_channel(images, unit)
+        return images.to(torch.float32).mul(scales).sub_(shifts)
+
+    def _per_channel(self, images: torch.Tensor, unit: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``1 / (std * unit)`` and ``mean / std`` as ``[1, C, 1, 1]`` float32 tensors on the
+        images' device, once per device and unit; the channel count checked against ``C``."""
+        channels = images.shape[1]
+        given = next(len(v) for v in (self.mean, self.std) if isinstance(v, tuple))
+        if given != channels:
+            raise AugmentError(
+                f"{self!r} has {given} values per channel, but the batch has {channels} "
+                f"channel(s) (shape {tuple(images.shape)}, [N, C, H, W]); give {channels} "
+                "values, or one number for every channel"
+            )
+        key = (images.device, int(unit))
+        if key not in self._cache:
+            mean = torch.tensor(self.mean, dtype=torch.float64).expand(channels)
+            std = torch.tensor(self.std, dtype=torch.float64).expand(channels)
+            self._cache[key] = (
+                (1.0 / std / unit).to(torch.float32).view(1, -1, 1, 1).to(images.device),
+                (mean / std).to(torch.float32).view(1, -1, 1, 1).to(images.device),
+            )
+        return self._cache[key]
+
+
+def _channel_values(
+    value: Any, name: str, *, positive: bool, example: str
+) -> float | tuple[float, ...]:
+    """``value`` as one float or a tuple of floats, one per channel; refused (naming the value,
+    the range and ``example``) unless each is finite, and > 0 where ``positive``."""
+    rule = "a finite number > 0" if positive else "a finite number"
+    shown = value  # as the caller gave it, for the messages
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1:
+            raise AugmentError(
+                f"{name} must be a number or one per channel (a 1-D tensor), got a tensor of "
+                f"shape {tuple(value.shape)}; e.g. {example}"
+            )
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, numbers.Real)):
+        raise AugmentTypeError(
+            f"{name} must be {rule} or a sequence of them (one per channel), got {value!r} of "
+            f"type {type(value).__name__}; e.g. {example}"
+        )
+    items = [value] if isinstance(value, numbers.Real) else list(value)
+    if not items:
+        raise AugmentError(f"{name} must give at least one value, got {value!r}; e.g. {example}")
+    for i, item in enumerate(items):
+        where = "" if isinstance(value, numbers.Real) else f" (channel {i} of {shown!r})"
+        if isinstance(item, bool) or not isinstance(item, (float, numbers.Real)):
+            raise AugmentTypeError(
+                f"{name} must be {rule} per channel, got {item!r}{where} of type "
+                f"{type(item).__name__}; e.g. {example}"
+            )
+        number = float(item)
+        ok = math.isfinite(number) and (number > 0 or not positive)
+        if not ok:
+            raise AugmentError(f"{name} must be {rule}, got {item!r}{where}; e.g. {example}")
+    return float(items[0]) if isinstance(value, numbers.Real) else tuple(float(x) for x in items)
 
 
 class Compose:

@@ -36,6 +36,11 @@ INPUT_BOUND_STALL = 0.05
 """Stall share at or above this: the running pipeline really waits (prefetch does not hide it)."""
 FRESH_RATE_TOLERANCE = 0.10
 """Recommend the largest whole ``e`` that lowers the fresh-data rate by at most this share."""
+USEFUL_ECHO_FACTORS = (4, 8)
+"""The echo factors the papers found useful at common batch sizes (docs/papers.md): Choi et al.
+saw the best factor at 4-8 on LM1B (batch 1024), with gains that shrink as ``e`` grows, and
+Agarwal et al. saw the fresh examples saved saturate, small batches first. A recommendation
+above the upper end comes with a note on what it risks (:func:`echo_factor_note`)."""
 # Phase shares of ``seconds``: the two pulls are the slow, noisy ones, the cached step is steady.
 _SHARES = (0.4, 0.2, 0.4)
 
@@ -106,9 +111,35 @@ class ProfileReport:
         """Step-throughput speedup of echo factor ``e`` over no echoing; see :func:`time_model`."""
         return time_model(self.t_up, self.t_down, e, overlap=overlap).speedup
 
+    @property
+    def echo_factor_note(self) -> str | None:
+        """What the recommended factor risks when it is past the papers' useful range, with the
+        range to try (:func:`echo_factor_note`); None within it."""
+        return echo_factor_note(self.recommended_echo_factor, self.ratio)
+
     def as_dict(self) -> dict[str, Any]:
-        """All fields plus R, for JSON output."""
-        return {**asdict(self), "ratio": self.ratio, "overlapped": self.overlapped}
+        """All fields plus R and the note on the factor, for JSON output."""
+        return {**asdict(self), "ratio": self.ratio, "overlapped": self.overlapped,
+                "echo_factor_note": self.echo_factor_note}  # fmt: skip
+
+
+def echo_factor_note(e: float, ratio: float) -> str | None:
+    """A note for an echo factor ``e`` above :data:`USEFUL_ECHO_FACTORS` (None up to it): the
+    time model counts echoed steps as free, but echoed data is worth less than fresh data."""
+    low, high = USEFUL_ECHO_FACTORS
+    if e <= high:
+        return None
+    return (
+        f"note: e = {e:g} is past the papers' useful range of about {low}-{high} at common "
+        f"batch sizes (docs/papers.md). The speedup above counts steps, but an echoed example "
+        f"is worth less than a fresh one: past about {high} copies the fresh examples saved "
+        "per extra step shrink toward none (small batches saturate first), so the extra steps "
+        "can buy no time to the target, and the run trains on each example "
+        f"{e:g} times between fresh ones. Try e = {low} to {high} and compare the fresh "
+        f"examples to your target; with R = {ratio:.3g} the step will still wait for data, so "
+        "speed up the upstream too (more loader workers, faster or cached storage), or use a "
+        "larger batch, which tolerates a larger factor"
+    )
 
 
 def profile(
@@ -208,6 +239,8 @@ def format_report(report: ProfileReport) -> str:
         row = f"  {e:5d}  {rep.predicted_speedup(e):9.2f}x"
         row += f"  {rep.predicted_speedup(e, overlap=False):9.2f}x" if serial else ""
         lines.append(row + ("  <- recommended" if e == e_rec else ""))
+    if rep.echo_factor_note is not None:
+        lines.append(rep.echo_factor_note)
     if serial:
         lines.append(
             "note: loading did not overlap the step (pipeline near t_up + t_down), so each extra "

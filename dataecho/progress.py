@@ -5,7 +5,9 @@
             train_step(batch)
 
 ``wrap`` times each ``next()`` itself, so the stall share (wall time the loop waited for data)
-is known for any loader. The echo factor comes from ``update(fresh=...)`` if given, else from
+is known for any loader. The bar shows a total and the time left (tqdm's ``n/total`` and ETA):
+the run's ``total_steps`` when given, else each epoch's length where ``len()`` of the wrapped
+loader is known (the bar then counts that epoch's steps, labelled ``epoch N``). The echo factor comes from ``update(fresh=...)`` if given, else from
 the ratio of the loader's ``.stats`` counters (dataecho loaders and stages); a loader with
 neither is taken as echo-free (every example fresh).
 """
@@ -123,6 +125,8 @@ class TrainingProgress:
         self._bar = tqdm(
             total=total_steps, desc=desc, file=file, disable=disable, unit="step", **tqdm_kwargs
         )
+        self._run_total = total_steps  # None: each epoch's length is the total, where known
+        self._epochs = 0
         self._steps, self._examples, self._fresh, self._wait = 0, 0, 0.0, 0.0
         self._fresh_given = self._wait_measured = False
         self._final: ProgressSnapshot | None = None  # frozen by close()
@@ -142,6 +146,7 @@ class TrainingProgress:
         self._watch(iterable)
         if self._steps == 0:  # the clock starts with the loop, not with the bar's construction
             self._restart_clock()
+        self._start_epoch(iterable)
         self._wait_measured = True
         it = iter(iterable)
         while True:
@@ -154,6 +159,23 @@ class TrainingProgress:
             waited = time.perf_counter() - t0
             self._record(self.batch_size or _batch_len(batch), None, waited)
             yield batch
+
+    def _start_epoch(self, iterable: object) -> None:
+        """Without a run total: make ``len(iterable)`` (this epoch's steps) the bar's total, so
+        it shows the epoch's position and time left; an iterable without a length shows the
+        count and rate only."""
+        if self._run_total is not None:
+            return
+        try:
+            length = len(iterable)  # type: ignore[arg-type]
+        except (TypeError, NotImplementedError):  # no length: a stream, an IterableDataset
+            return
+        if not isinstance(length, int) or length <= 0:
+            return
+        self._epochs += 1
+        # reset: tqdm's count and clock restart, so its ETA is this epoch's time left.
+        self._bar.set_description(f"{self.desc} epoch {self._epochs}", refresh=False)
+        self._bar.reset(total=length)
 
     def update(
         self,

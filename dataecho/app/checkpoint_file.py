@@ -20,7 +20,10 @@ then the payload that ``torch.save`` wrote; both go into the same temp file and 
 :func:`load_checkpoint` reads the file, checks the payload's size and SHA-256 against the header
 and only then hands the payload to ``torch.load``: a damaged or truncated file raises
 :class:`DamagedCheckpointError` naming the file and what was found, and :func:`resume_from`
-skips it for the newest intact one.
+skips it for the newest intact one. So it does, with a warning naming the file and why, for a
+file whose checksum holds but whose contents do not load (:class:`UnusableCheckpointError`:
+``torch.load`` fails on it, it holds another structure, keys are missing, or the run cannot
+load its model, optimizer or loader state from it).
 
 Safe to load: a state may hold only tensors and plain containers and scalars (dict, list,
 tuple, str, int, float, bool, None), which :func:`save_checkpoint` checks *before* writing, so
@@ -75,6 +78,19 @@ class DamagedCheckpointError(CheckpointError):
         super().__init__(
             f"{path}: damaged checkpoint, {reason}; it cannot be trusted: delete it, and resume "
             "(--resume) continues from the newest intact one before it"
+        )
+
+
+class UnusableCheckpointError(CheckpointError):
+    """A checkpoint whose bytes are intact (its checksum holds) but whose contents do not load
+    as a training checkpoint: ``torch.load`` fails, another structure, a key missing, a state
+    the run cannot load. ``path`` is the file, ``reason`` what went wrong."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"{path}: its contents do not load as a training checkpoint ({reason}); move it out "
+            "of the checkpoint folder, and resume (--resume) continues from the one before it"
         )
 
 
@@ -268,13 +284,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many kinds for bytes that are not a checkpoint
         # Only the first line: torch's advice to retry with weights_only=False is not for us.
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        raise CheckpointError(
-            f"{path}: cannot be read as a checkpoint ({type(err).__name__}: {first}); it is "
-            "not a checkpoint of this dataecho: move it out of the checkpoint folder"
+        raise UnusableCheckpointError(
+            path, f"cannot be read as a checkpoint: torch.load failed with {error_line(err)}"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a dataecho training checkpoint")
+        what = f"a {type(state).__name__}" if not isinstance(state, dict) else "a dict without "
+        what += f"format {FORMAT!r}" if isinstance(state, dict) else ""
+        raise UnusableCheckpointError(path, f"not a dataecho training checkpoint: {what}")
     if state.get("version") != VERSION:
         raise CheckpointError(
             f"{path}: checkpoint version {state.get('version')!r}, this dataecho reads "
@@ -283,32 +299,50 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def resume_from(
-    directory: str | Path, log: Callable[[str], Any]
-) -> tuple[Path, dict[str, Any]] | None:
-    """The newest intact checkpoint in ``directory`` and its state (None: there is none yet).
+def error_line(err: BaseException) -> str:
+    """``Kind: first line of the message`` (at most 200 characters) of an error, for a reason:
+    torch's further lines (advice to load with weights_only=False) are not for us."""
+    text = str(err).strip()
+    first = text.splitlines()[0][:200] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
-    A damaged one (:class:`DamagedCheckpointError`) is skipped, and ``log`` gets one line
-    naming it, why, and the one used instead. If every one is damaged, raises
-    :class:`CheckpointError` listing them.
+
+def resume_from(
+    directory: str | Path,
+    log: Callable[[str], Any],
+    use: Callable[[Path, dict[str, Any]], Any] | None = None,
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest usable checkpoint in ``directory`` and its state (None: there is none yet).
+
+    ``use(path, state)``, when given, loads the state into the run; it raises
+    :class:`UnusableCheckpointError` for contents it cannot load (any other error stops the
+    resume). A damaged checkpoint (:class:`DamagedCheckpointError`) or an unusable one is
+    skipped for the one before, and ``log`` gets one warning line per skipped file naming it,
+    why, and the one used instead. If none is usable, raises :class:`CheckpointError` listing
+    them.
     """
     found = list_checkpoints(directory)
     if not found:
         return None
-    skipped: list[DamagedCheckpointError] = []
+    skipped: list[DamagedCheckpointError | UnusableCheckpointError] = []
     for _, path in reversed(found):
         try:
             state = load_checkpoint(path)
-        except DamagedCheckpointError as err:
+            if use is not None:
+                use(path, state)
+        except (DamagedCheckpointError, UnusableCheckpointError) as err:
             skipped.append(err)
             continue
         for err in skipped:
-            log(f"skipped damaged checkpoint {err.path.name} ({err.reason}); "
+            what = "damaged checkpoint" if isinstance(err, DamagedCheckpointError) else (
+                "checkpoint whose contents do not load")  # fmt: skip
+            log(f"warning: skipped {what} {err.path.name} ({err.reason}); "
                 f"resuming from {path.name}")  # fmt: skip
         return path, state
     listed = "; ".join(f"{err.path.name}: {err.reason}" for err in skipped)
+    word = "intact" if all(isinstance(e, DamagedCheckpointError) for e in skipped) else "usable"
     raise CheckpointError(
-        f"no intact checkpoint in {directory} ({listed}); move them away and start afresh "
+        f"no {word} checkpoint in {directory} ({listed}); move them away and start afresh "
         "without --resume, or restore the folder from a copy"
     )
 

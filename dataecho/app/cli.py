@@ -24,16 +24,15 @@ import argparse
 import re
 import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dataecho._validate import Bool, Choice, Int, Real
 from dataecho.app import demo, workloads
+from dataecho.app.config import COUNT_WHY, MAX_COUNT, MAX_SEQ_LEN, SEQ_LEN_WHY
 from dataecho.app.config_file import config_from, flag, options
-from dataecho.app.shutdown import Terminated
+from dataecho.app.shutdown import Terminated, command_handlers, restore_handlers, stop_caught
 from dataecho.app.upstream import DATASETS
 from dataecho.errors import DataechoError
 
@@ -42,6 +41,15 @@ from dataecho.errors import DataechoError
 # checkpoint of another run, a failed rank). A plain ValueError or OSError is a bug and keeps
 # its traceback.
 USER_ERRORS = (DataechoError,)
+# ``profile --seconds``: each phase settles in seconds; past an hour, measuring only waits.
+MAX_PROFILE_SECONDS = 3600.0
+# ``prepare --examples-per-shard``: a shard is one HTTP request and one unit of a resume's
+# re-read; a million Fashion-MNIST examples are ~2.3 GB in one request.
+MAX_EXAMPLES_PER_SHARD = 1_000_000
+SHARD_WHY = (
+    "a shard is one request, re-read whole by a retry or resume; a few MB per shard, e.g. "
+    "examples_per_shard=1000, keeps request overhead negligible"
+)
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,13 @@ def _run_train(args: argparse.Namespace) -> int:
 def _add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seconds",
-        type=Real(0, low_open=True).argparse_type("seconds"),
+        type=Real(
+            0,
+            MAX_PROFILE_SECONDS,
+            low_open=True,
+            why="the three phases take a few seconds each to settle; an hour of "
+            "measuring tells no more, e.g. --seconds 10",
+        ).argparse_type("seconds"),
         default=10.0,
         help="time to spend measuring, split between the three phases (default: %(default)s)",
     )
@@ -160,12 +174,16 @@ def _add_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                    help="Fashion-MNIST IDX folder or janeaustenr package folder (default: "
                    "where the Debian package puts it)")  # fmt: skip
-    p.add_argument("--examples", type=Int(1).argparse_type("examples"), default=None,
+    p.add_argument("--examples", type=Int(1, high=MAX_COUNT, why=COUNT_WHY).argparse_type(
+                   "examples"), default=None,
                    metavar="N", help="write only the first N examples (default: all)")  # fmt: skip
-    p.add_argument("--examples-per-shard", type=Int(1).argparse_type("examples_per_shard"),
+    p.add_argument("--examples-per-shard",
+                   type=Int(1, high=MAX_EXAMPLES_PER_SHARD, why=SHARD_WHY).argparse_type(
+                       "examples_per_shard"),
                    default=1000, metavar="N",
                    help="examples per tar shard (default: %(default)s)")  # fmt: skip
-    p.add_argument("--seq-len", type=Int(1).argparse_type("seq_len"), default=64, metavar="N",
+    p.add_argument("--seq-len", type=Int(1, high=MAX_SEQ_LEN, why=SEQ_LEN_WHY).argparse_type(
+                   "seq_len"), default=64, metavar="N",
                    help="austen: characters per example (default: %(default)s)")  # fmt: skip
 
 
@@ -212,9 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dataecho`` console script; returns the exit status."""
+    """Entry point of the ``dataecho`` console script; returns the exit status.
+
+    The SIGINT and SIGTERM handlers it installs are put back on return, except after a stop by
+    one of them (status 130 or 143): the process is exiting, and a repeated signal stays
+    ignored through its exit (:func:`dataecho.app.shutdown.stop_caught`)."""
     args = build_parser().parse_args(argv)
-    previous = _on_sigterm(_terminate)
+    # SIGINT and SIGTERM raise KeyboardInterrupt and Terminated, once: a repeated Ctrl-C while
+    # the first one unwinds is ignored, so the command still ends with 130 and its line.
+    previous = command_handlers()
     try:
         return args._run(args)
     except USER_ERRORS as err:
@@ -233,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _stopped(args.command, signum)
     finally:
-        _on_sigterm(previous)
+        restore_handlers(previous)
 
 
 # torch's text for an exception raised in a DataLoader worker (``ExceptionWrapper.reraise``).
@@ -264,7 +288,9 @@ def _explain(err: BaseException) -> tuple[str, str]:
 
 
 def _stopped(command: str, signum: int) -> int:
-    """The line and exit status (128 + the signal's number) of a run stopped by a signal."""
+    """The line and exit status (128 + the signal's number) of a run stopped by a signal; from
+    here on a repeated signal is ignored (the process exits)."""
+    stop_caught(signum)
     word = "interrupted" if signum == signal.SIGINT else "terminated"
     print(f"dataecho {command}: {word}", file=sys.stderr)
     return 128 + signum
@@ -277,14 +303,3 @@ def _launcher_signal(err: Exception) -> int | None:
     if api is None or not isinstance(err, api.SignalException):
         return None
     return int(err.sigval)
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
-
-
-def _on_sigterm(handler: Any) -> Any:
-    """Install ``handler`` for SIGTERM; return the one before (None off the main thread)."""
-    if handler is None or threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, handler)

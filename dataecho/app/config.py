@@ -63,8 +63,25 @@ MAX_NPROC = 2 * CPU_COUNT
 MAX_KEEP_CHECKPOINTS = 1000
 # char-lm attention holds seq_len**2 scores per head and example: 1 GiB at 16,384 characters.
 MAX_SEQ_LEN = 2**14
+SEQ_LEN_WHY = "attention holds seq_len**2 scores per head and example, 1 GiB at the limit; e.g. seq_len=64 to 512"
 # Fashion-MNIST images are 28 pixels wide: a larger shift moves the whole image out of the crop.
 MAX_AUGMENT_PAD = 28
+# Counts of examples and steps (budgets, evaluation and checkpoint intervals): the schedules,
+# rates and size estimates compute with them as floats, exact only up to 2**53 (9e15, millions
+# of times ImageNet's training set), so a larger count would be rounded, not run.
+MAX_COUNT = 2**53
+COUNT_WHY = (
+    "counts of examples and steps are used as floats in the schedules and rates, exact only up "
+    "to 2**53; a real run counts far fewer"
+)
+# Learning rates: the papers' grids stop at 10 (Agarwal et al. tune 0.01..10); past that SGD and
+# AdamW diverge on these workloads at the first steps.
+MAX_LR = 10.0
+# char-lm's loss starts near ln 256 = 5.5 nats/char (a uniform guess over bytes): a target above
+# this is met by an untrained model, and a screen margin this wide always calls the full
+# evaluation (accuracy lies within 1 of any target).
+MAX_TARGET_LOSS = 8.0
+MAX_SCREEN_MARGIN = 8.0
 
 
 def _each_workload(phrase: Callable[[workloads.Workload], str]) -> str:
@@ -105,13 +122,12 @@ class TrainConfig:
         "in-memory upstream only: seconds each example read sleeps (emulated slow storage)",
     )  # fmt: skip
     train_examples: int | None = _opt(
-        None, Int(1, none="off"), "data",
+        None, Int(1, none="off", high=MAX_COUNT, why=COUNT_WHY), "data",
         "in-memory upstream only: train on the first N examples (default: all)",
     )  # fmt: skip
     seq_len: int = _opt(
         64,
-        Int(1, high=MAX_SEQ_LEN, why="attention holds seq_len**2 scores per head and example, "
-            "1 GiB at the limit; e.g. seq_len=64 to 512"),
+        Int(1, high=MAX_SEQ_LEN, why=SEQ_LEN_WHY),
         "data", "char-lm: characters per example",
     )  # fmt: skip
     augment_pad: int = _opt(
@@ -128,7 +144,10 @@ class TrainConfig:
         "(raise) or is skipped, counted and logged (skip)",
     )  # fmt: skip
     retry_seconds: float = _opt(
-        60.0, Real(0), "data",
+        60.0,
+        Real(0, MAX_TIMEOUT, why="retrying a server for more than a day waits on one that is "
+             "gone; e.g. retry_seconds=60"),
+        "data",
         "HTTP shard upstream: how long a stopped, stalled or dropping server is retried (with "
         "backoff) before the run stops with an error naming the shard and record",
     )  # fmt: skip
@@ -140,30 +159,53 @@ class TrainConfig:
         "HTTP shard upstream: seconds without a byte from the server before a request counts as "
         "stalled (then retried, see retry-seconds)",
     )  # fmt: skip
+    http_deadline: float = _opt(
+        600.0,
+        Real(0, MAX_TIMEOUT, low_open=True,
+             why="a request waiting on its server for a day is stalled; e.g. http_deadline=600"),
+        "data",
+        "HTTP shard upstream: the most seconds one request (a shard, the manifest) may spend "
+        "waiting for the server (connecting, headers and body added up); a server that trickles "
+        "past it counts as stalled (then retried, see retry-seconds)",
+    )  # fmt: skip
+    allow_cross_host_redirects: bool = _opt(
+        False, Bool(), "data",
+        "HTTP shard upstream: follow a redirect to another host or port (refused by default, "
+        "with an error naming both)",
+    )  # fmt: skip
     loader: LoaderOptions = field(
         metadata={"group": "echoing", "help": "the echoing loader's settings, one option each"}
     )
     lr: float | None = _opt(
-        None, Real(0, low_open=True, none="default"), "training",
+        None,
+        Real(0, MAX_LR, low_open=True, none="default",
+             why="the papers' learning-rate grids stop at 10 and larger rates diverge in the "
+             "first steps; e.g. lr=0.05 for cnn, lr=0.003 for char-lm"),
+        "training",
         f"learning rate of the workload's optimizer: {_each_workload(lambda w: w.optimizer)}",
     )  # fmt: skip
     momentum: float = _opt(
         0.9, Real(0, 1, high_open=True), "training", "cnn: Nesterov momentum of SGD"
     )
     budget: int | None = _opt(
-        None, Int(1, none="default"), "stopping",
+        None, Int(1, none="default", high=MAX_COUNT, why=COUNT_WHY), "stopping",
         "stop after this many fresh examples (in one process with --where batch or device, "
         "once the copies still due of those examples are trained on too)",
     )  # fmt: skip
     max_steps: int | None = _opt(
-        None, Int(1, none="off"), "stopping", "stop after this many steps (default: no limit)"
-    )
+        None, Int(1, none="off", high=MAX_COUNT, why=COUNT_WHY), "stopping",
+        "stop after this many steps (default: no limit)",
+    )  # fmt: skip
     target_accuracy: float | None = _opt(
         None, Real(0, 1, low_open=True, none="off"), "stopping",
         "cnn: stop once an evaluation reaches this test accuracy ('off': no target)",
     )  # fmt: skip
     target_loss: float | None = _opt(
-        None, Real(0, low_open=True, none="off"), "stopping",
+        None,
+        Real(0, MAX_TARGET_LOSS, low_open=True, none="off",
+             why="char-lm's loss starts near ln 256 = 5.5 nats/char, so a higher target is met "
+             "untrained; e.g. target_loss=1.6"),
+        "stopping",
         "char-lm: stop once the validation cross-entropy (nats/char) is at or below this "
         "('off': no target)",
     )  # fmt: skip
@@ -173,22 +215,25 @@ class TrainConfig:
         "when the target was reached",
     )  # fmt: skip
     eval_every: int | None = _opt(
-        None, Int(1, none="default"), "evaluation",
+        None, Int(1, none="default", high=MAX_COUNT, why=COUNT_WHY), "evaluation",
         "fresh examples between evaluations and log lines; their time counts in the wall time",
     )  # fmt: skip
     eval_examples: int | None = _opt(
-        None, Int(1, none="default"), "evaluation",
+        None, Int(1, none="default", high=MAX_COUNT, why=COUNT_WHY), "evaluation",
         f"examples per evaluation, from the {_each_workload(lambda w: w.eval_split)} split; "
         "the final one uses all",
     )  # fmt: skip
     screen_examples: int = _opt(
-        0, Int(0), "evaluation",
+        0, Int(0, high=MAX_COUNT, why=COUNT_WHY), "evaluation",
         "with a target: evaluate first on this many of the evaluation examples, and on all of "
         "them only when that screen comes within screen-margin of the target (0 = off); the "
         "target is always decided on the full evaluation",
     )  # fmt: skip
     screen_margin: float = _opt(
-        0.02, Real(0), "evaluation",
+        0.02,
+        Real(0, MAX_SCREEN_MARGIN, why="a margin this wide always calls the full evaluation; "
+             "e.g. screen_margin=0.02"),
+        "evaluation",
         "how far short of the target a screen may fall and still call the full evaluation "
         "(accuracy points for cnn, nats for char-lm)",
     )  # fmt: skip
@@ -224,7 +269,9 @@ class TrainConfig:
         None, PathValue(), "checkpoints",
         "write checkpoints (model, optimizer, loader, counters, history) to this folder",
     )  # fmt: skip
-    checkpoint_every: int = _opt(500, Int(1), "checkpoints", "steps between checkpoints")
+    checkpoint_every: int = _opt(
+        500, Int(1, high=MAX_COUNT, why=COUNT_WHY), "checkpoints", "steps between checkpoints"
+    )
     keep_checkpoints: int = _opt(
         2,
         Int(1, high=MAX_KEEP_CHECKPOINTS, why="each kept checkpoint is a whole copy of the "

@@ -83,6 +83,7 @@ def _options() -> Iterator[Option]:
 
 
 _OPTIONS = tuple(_options())
+_OPTION = {o.name: o for o in _OPTIONS}
 
 
 def options() -> list[Option]:
@@ -107,7 +108,11 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not a readable TOML file: {err}") from None
     names = [o.name for o in options()]
     out: dict[str, Any] = {}
-    for key, value, valid in _toml_entries(raw, names):
+    try:
+        entries = list(_toml_entries(raw, names))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    for key, value, valid in entries:
         name = key.replace("-", "_").removeprefix("loader.")
         if name not in valid and name in names:  # a run setting inside [loader]
             raise ConfigError(
@@ -127,8 +132,21 @@ def _toml_entries(raw: dict[str, Any], names: list[str]) -> Iterator[tuple[str, 
     for key, value in raw.items():
         if key == "loader" and isinstance(value, dict):
             yield from ((f"loader.{k}", v, list(LOADER_KEYS)) for k, v in value.items())
+        elif key == "loader":  # the table's name given a value: say what the table is
+            raise ConfigError(
+                f"key 'loader' must be a table of the loader's settings, got {value!r} "
+                f"({_toml_type(value)}); write them under a [loader] line (e.g. echo-factor = 4) "
+                "or at the top level"
+            )
         else:
             yield key, value, names
+
+
+def _toml_type(value: Any) -> str:
+    """The TOML kind of a parsed value, for a message: "an array", "a table", "an integer"."""
+    kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+             (list, "an array"), (dict, "a table"))  # fmt: skip
+    return next((word for kind, word in kinds if isinstance(value, kind)), "a date or time")
 
 
 def config_from(
@@ -158,8 +176,11 @@ def config_from(
             values[name] = checks[name].parse(value) if isinstance(value, str) else value
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{origin}: {err}") from None
+        if isinstance(value, (list, tuple, dict, set)):  # no setting takes a collection
+            raise ConfigError(f"{origin}: {_one_value(_OPTION[name], value)}")
     if cli_targets:
-        workload = workloads.REGISTRY.get(values.get("workload", "cnn"))  # None: refused below
+        chosen = values.get("workload", "cnn")  # a str here: collections were refused above
+        workload = workloads.REGISTRY.get(chosen) if isinstance(chosen, str) else None
         if workload is not None and workload.target_key not in given:
             values[workload.target_key] = workload.cli_target
     try:
@@ -168,3 +189,26 @@ def config_from(
         # A value's own check names its setting: say where the value came from.
         origin = given.get(getattr(err, "setting", ""), (None, None))[1]
         raise ConfigError(f"{origin}: {err}" if origin else str(err)) from None
+
+
+def _one_value(option: Option, value: Any) -> str:
+    """The message for a collection (a TOML array or table) given to a one-value setting: the
+    check's own words for what is valid, and the fix."""
+    name, check = option.name, option.check
+    try:
+        check.check(name, value)
+    except DataechoError as err:  # the check's own message names the valid values
+        valid = str(err)
+    except (TypeError, ValueError):  # a check that does not expect a collection at all
+        valid = f"{name} must be {check.describe() or 'a single ' + check.metavar}, got {value!r}"
+    else:
+        valid = f"{name} takes a single value, got {value!r}"
+    kind = "a table" if isinstance(value, dict) else "an array"
+    default = option.default
+    example = (
+        f"{flag(name)[2:]} = {default!r}".replace("'", '"').replace("True", "true")
+        .replace("False", "false")
+        if isinstance(default, (bool, int, float, str)) and default != ""
+        else f"{flag(name)[2:]} = {check.metavar}"
+    )  # fmt: skip
+    return f"{valid} ({kind}; each setting takes one value, e.g. {example})"

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dataecho._validate import Int, Real
+from dataecho._validate import MAX_BUFFER, Int, Real
 from dataecho.app.calibration import THREADS, WORKERS, calibrate, serve
-from dataecho.app.config import MAX_SEED
+from dataecho.app.config import COUNT_WHY, MAX_AUGMENT_PAD, MAX_COUNT, MAX_SEED
 from dataecho.app.loader_settings import DEVICE_POOL_BATCHES, MAX_ECHO_FACTOR
 from dataecho.app.quiet import CpuWatch, QuietCheck, load_per_core
 from dataecho.app.sources.fashion_mnist import DEFAULT_DATA_DIR
@@ -96,7 +96,20 @@ QUICK = Plan(examples=2_048, batch_size=64, budget=2_048, eval_every=2_048, eval
 # The demo's own flags, checked by the same rules (and messages) as ``dataecho train``'s.
 _TARGET = Real(0.0, 1.0, low_open=True).argparse_type("--target")
 _SEED = Int(0, high=MAX_SEED).argparse_type("--seed")
-_POSITIVE = Real(0.0, low_open=True)
+# R = t_up / t_down to calibrate for: below 1/10 the step is ten times slower than the data and
+# there is nothing for echoing to hide (and the cap grows without bound); past 100 every batch
+# waits 100 steps' time, and a run takes hours.
+MIN_RATIO, MAX_RATIO = 0.1, 100.0
+_RATIO = Real(MIN_RATIO, MAX_RATIO, why="R = t_up / t_down: the papers' runs are at R of 1.5 to "
+              "10, e.g. --upstream-ratio 4").argparse_type("--upstream-ratio")  # fmt: skip
+# A bandwidth cap in bytes/s: below 10 kB/s one 2.3 MB shard takes four minutes to arrive;
+# above 1 TB/s it caps nothing (loopback is slower) and nginx's limit_rate cannot hold much more.
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e4, 1e12
+_BANDWIDTH = Real(MIN_BANDWIDTH, MAX_BANDWIDTH,
+                  why="1 TB/s is no cap at all on loopback; leave --bandwidth out to calibrate "
+                  "for --upstream-ratio, or pass e.g. --bandwidth 2e6").argparse_type("--bandwidth")  # fmt: skip
+# The echoed runs' shuffle buffer holds this many batches of up to Plan.batch_size examples.
+MAX_SHUFFLE_BATCHES = MAX_BUFFER // Plan.batch_size
 
 
 def _factor(name: str):  # noqa: ANN202
@@ -124,21 +137,27 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="the most copies the 'auto' run may make of one example (default: %(default)s)")
     add("--where", choices=WHERE_CHOICES, default=DEFAULT_WHERE,
         help="insertion point of the echoed runs' echo stage (default: %(default)s)")
-    add("--upstream-ratio", type=_POSITIVE.argparse_type("--upstream-ratio"), default=4.0, metavar="R",
+    add("--upstream-ratio", type=_RATIO, default=4.0, metavar="R",
         help="choose the bandwidth cap for R = t_up / t_down (default: %(default)s)")
-    add("--bandwidth", type=_POSITIVE.argparse_type("--bandwidth"), default=None, metavar="BYTES_PER_S",
+    add("--bandwidth", type=_BANDWIDTH, default=None, metavar="BYTES_PER_S",
         help="a total bandwidth cap of your own instead (R is still measured)")
     add("--emulate", action="store_true",
         help="read the shards through the storage emulation, not nginx (automatic without it)")
-    add("--budget", type=Int(1).argparse_type("--budget"), default=None, metavar="N",
+    add("--budget", type=Int(1, high=MAX_COUNT, why=COUNT_WHY).argparse_type("--budget"),
+        default=None, metavar="N",
         help=f"fresh examples per run at most (default: {Plan.budget:,})")
-    add("--shuffle-batches", type=Int(0).argparse_type("--shuffle-batches"),
+    add("--shuffle-batches",
+        type=Int(0, high=MAX_SHUFFLE_BATCHES, why="the buffer holds that many batches of 128 "
+                 "examples in memory; a few dozen mix the copies well, e.g. "
+                 f"--shuffle-batches {HOST_SHUFFLE_BATCHES}").argparse_type("--shuffle-batches"),
         default=None, metavar="N",
         help="the echoed runs' shuffle buffer (with --where device, its mixing pool), in "
         f"batches' worth (default: {DEVICE_POOL_BATCHES} with --where device, else "
         f"{HOST_SHUFFLE_BATCHES}; docs/demo.md compares them)")
     add("--seed", type=_SEED, default=0, metavar="N")
-    add("--augment-pad", type=Int(0).argparse_type("--augment-pad"), default=2, metavar="N",
+    add("--augment-pad", type=Int(0, high=MAX_AUGMENT_PAD, why="Fashion-MNIST images are 28 "
+        "pixels wide: a larger shift moves the whole image out of the crop; e.g. "
+        "--augment-pad 2").argparse_type("--augment-pad"), default=2, metavar="N",
         help="random shift of up to N pixels in the augmentation (default: %(default)s); "
         "less augmentation reaches the target sooner with and without echoing, and echoing "
         "then saves less (benchmarks/augmentation)")
@@ -160,6 +179,9 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.budget is not None:
         plan = dataclasses.replace(plan, budget=args.budget)
     target = args.target or (QUICK_TARGET if args.quick else DEFAULT_TARGET)
+    # Every run's settings are checked now, before the shards are written and the bandwidth
+    # calibrated (minutes): the upstream's URL is the one thing only the server gives.
+    _configs("http://127.0.0.1:1", plan, args, target)
     load_before, load_per_core_before = _load(), load_per_core()
     shard_dir, manifest = _prepare(args, plan)
     watch = CpuWatch.start()  # after the one-time shard writing: the runs' own time only

@@ -22,18 +22,31 @@ every ``finally`` on the way out runs (loader workers stop) and ``dataecho train
 130 or 143. A second signal before that interrupts at once: the user insists, and atomic
 checkpoint writes leave no torn file. Without ``save`` (or off the main thread, where Python
 cannot handle signals) the guard does nothing and signals keep their usual handlers.
+
+Once a signal's exception is on its way out, a repeated one (Ctrl-C pressed again and again)
+does not raise another: the first one's ``finally`` blocks (loader workers, a server) finish,
+and the command still ends with 130 or 143 and its one line. :func:`command_handlers` are the
+command's own handlers, which keep that up until the process has exited (its ``atexit``
+callbacks included). Only a signal :data:`STOP_GRACE_SECONDS` after the first, while the
+exception has not yet reached the command, interrupts again: the user insists on a cleanup
+that hangs.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long after the first signal a repeated one is ignored while the first one's exception
+# unwinds: cleanup (workers joining, a server stopping) takes a second or two; past this it
+# hangs, and a signal interrupts it.
+STOP_GRACE_SECONDS = 10.0
 
 
 # A BaseException, not a DataechoError: it must pass every ``except Exception`` between the
@@ -48,6 +61,71 @@ class Terminated(BaseException):
 def exception_for(signum: int) -> BaseException:
     """What a signal raises in the main thread: KeyboardInterrupt (SIGINT) or Terminated."""
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+class _Stop:
+    """The process's stop: the first signal whose exception was raised, and since when."""
+
+    signum: int | None = None
+    since = 0.0
+    caught = False  # the command has caught it: the process is on its way to exit
+
+
+def stopping(signum: int) -> BaseException:
+    """Record that ``signum``'s exception is being raised (the first one only) and return it."""
+    if _Stop.signum is None:
+        _Stop.signum, _Stop.since = signum, time.monotonic()
+    return exception_for(signum)
+
+
+def repeated_signal_raises() -> bool:
+    """Whether a signal now should raise: no stop under way, or one past its grace period
+    that the command has not caught yet (module docstring)."""
+    if _Stop.signum is None:
+        return True
+    return not _Stop.caught and time.monotonic() - _Stop.since > STOP_GRACE_SECONDS
+
+
+def _command_handler(signum: int, frame: object) -> None:
+    if repeated_signal_raises():
+        raise stopping(signum)
+
+
+def command_handlers() -> dict[int, Any]:
+    """Install the command's SIGINT and SIGTERM handlers (a new stop, none recorded): the first
+    signal raises KeyboardInterrupt or :class:`Terminated`, a repeated one is ignored while that
+    unwinds (module docstring). Returns the handlers before, for :func:`restore_handlers`;
+    off the main thread installs nothing and returns ``{}``."""
+    _Stop.signum, _Stop.caught = None, False
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            continue  # ignored on purpose (nohup, a background job): keep ignoring it
+        previous[signum] = signal.signal(signum, _command_handler)
+    return previous
+
+
+def stop_caught(signum: int) -> None:
+    """The command caught the stop of ``signum`` and exits now: every later SIGINT or SIGTERM
+    is ignored, up to and through the interpreter's exit (``atexit`` callbacks)."""
+    stopping(signum)
+    _Stop.caught = True
+    if threading.current_thread() is threading.main_thread():
+        # SIG_IGN, not a Python handler: the interpreter puts the default action (which would
+        # end the process by the signal, status -2) back for those as it finalises.
+        for signum_ in SIGNALS:
+            signal.signal(signum_, signal.SIG_IGN)
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    """Put back the handlers :func:`command_handlers` replaced; not after a stop the command
+    caught, whose process exits with its handlers kept."""
+    if _Stop.caught:
+        return
+    for signum, handler in previous.items():
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 class ExitCheckpoint:
@@ -111,7 +189,7 @@ class ExitCheckpoint:
             try:
                 if self.signum is not None:  # came between the last check and this wait
                     self._raised = True
-                    raise exception_for(self.signum)
+                    raise stopping(self.signum)
                 batch = next(it)
             except StopIteration:
                 return
@@ -130,13 +208,15 @@ class ExitCheckpoint:
             return
         self._write(self.loader.state_dict(), "during a step (stopped after it)")
         self._raised = True
-        raise exception_for(self.signum)
+        raise stopping(self.signum)
 
     def _handle(self, signum: int, frame: object) -> None:
+        if self._raised and not repeated_signal_raises():
+            return  # the stop is on its way out: let its cleanup finish (module docstring)
         if self.signum is not None or self._waiting:
             self.signum = self.signum if self.signum is not None else signum
             self._raised = True
-            raise exception_for(signum)  # a wait, or a second signal: at once
+            raise stopping(signum)  # a wait, or a second signal: at once
         self.signum = signum  # during a step: after_step stops the loop
 
     def _write(self, loader_state: dict[str, Any], when: str) -> None:

@@ -106,8 +106,10 @@ def _shards(cfg: TrainConfig, workload: workloads.Workload) -> tuple[shards.Shar
     spec = cfg.upstream
     try:
         manifest = shards.load_manifest(
-            spec, retry_seconds=cfg.retry_seconds, timeout_s=cfg.http_timeout
-        )
+            spec, retry_seconds=cfg.retry_seconds, timeout_s=cfg.http_timeout,
+            deadline_s=cfg.http_deadline,
+            allow_cross_host_redirects=cfg.allow_cross_host_redirects,
+        )  # fmt: skip
     except UpstreamError:  # already names the URL, the retrying and the fix
         raise
     except FileNotFoundError as err:
@@ -129,7 +131,8 @@ def _shards(cfg: TrainConfig, workload: workloads.Workload) -> tuple[shards.Shar
     data = shards.ShardDataset(
         spec, manifest, shuffle_shards=True, seed=cfg.seed,
         on_bad_record=cfg.on_bad_record, retry_seconds=cfg.retry_seconds,
-        timeout_s=cfg.http_timeout,
+        timeout_s=cfg.http_timeout, deadline_s=cfg.http_deadline,
+        allow_cross_host_redirects=cfg.allow_cross_host_redirects,
     )  # fmt: skip
     size = sum(s["bytes"] for s in manifest["shards"]) / 1e6
     what = f"{len(data.urls)} shards, {data.num_examples:,} examples, {size:.1f} MB"

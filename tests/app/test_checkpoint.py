@@ -24,6 +24,7 @@ from dataecho.app.checkpoint_file import (
     MIN_FREE_BYTES,
     CheckpointError,
     DamagedCheckpointError,
+    UnusableCheckpointError,
     check_checkpoint_dir,
     check_same,
     frame,
@@ -218,7 +219,7 @@ def test_resume_takes_the_newest_intact_checkpoint_and_says_which_it_skipped(tmp
     path, got = resume_from(tmp_path, lines.append)
     assert path == tmp_path / "step-00000020.pt" and got["run"]["steps"] == 20
     assert len(lines) == 1 and lines[0].startswith(
-        "skipped damaged checkpoint step-00000030.pt (checksum sha256 "
+        "warning: skipped damaged checkpoint step-00000030.pt (checksum sha256 "
     )
     assert lines[0].endswith("; resuming from step-00000020.pt")
     (tmp_path / "step-00000020.pt").write_bytes(b"")
@@ -335,3 +336,57 @@ def test_a_rename_that_fails_is_reported_and_cleaned_up_too(tmp_path):
         save_checkpoint(tmp_path, state(2), step=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, taken.name]
     assert load_checkpoint(first)["run"]["steps"] == 1
+
+
+# --- intact files whose contents do not load: skipped for the one before, with a warning ------
+
+
+def test_an_intact_file_that_torch_cannot_load_or_of_another_structure_is_unusable(tmp_path):
+    path = tmp_path / "step-00000001.pt"
+    path.write_bytes(frame(b"checksummed, but not torch.save's"))
+    with pytest.raises(UnusableCheckpointError) as caught:
+        load_checkpoint(path)
+    assert caught.value.path == path and caught.value.reason.startswith(
+        "cannot be read as a checkpoint: torch.load failed with UnpicklingError: "
+    )
+    saved_payload(path, [1, 2, 3])
+    with pytest.raises(UnusableCheckpointError, match=r"not a dataecho training checkpoint: a "
+                       r"list\); move it out of the checkpoint folder"):  # fmt: skip
+        load_checkpoint(path)
+
+
+def test_resume_falls_back_past_unusable_checkpoints_naming_each_and_why(tmp_path):
+    for step in (10, 20, 30):
+        save_checkpoint(tmp_path, state(step), step=step, keep=3)
+    saved_payload(tmp_path / "step-00000030.pt", {"weights": torch.zeros(2)})  # intact, foreign
+
+    def use(path: Path, ckpt: dict) -> None:  # what a run does: load, or say why it cannot
+        if ckpt["run"]["steps"] == 20:
+            raise UnusableCheckpointError(path, "missing loader (keys: history, model)")
+
+    lines: list[str] = []
+    path, got = resume_from(tmp_path, lines.append, use)
+    assert path == tmp_path / "step-00000010.pt" and got["run"]["steps"] == 10
+    assert lines == [
+        "warning: skipped checkpoint whose contents do not load step-00000030.pt (not a dataecho "
+        "training checkpoint: a dict without format 'dataecho-train-checkpoint'); resuming from "
+        "step-00000010.pt",
+        "warning: skipped checkpoint whose contents do not load step-00000020.pt (missing "
+        "loader (keys: history, model)); resuming from step-00000010.pt",
+    ]
+    (tmp_path / "step-00000010.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as caught:
+        resume_from(tmp_path, lines.append, use)
+    assert str(caught.value).startswith(f"no usable checkpoint in {tmp_path} (step-00000030.pt: ")
+    assert "step-00000010.pt: truncated: 0 bytes" in str(caught.value)
+
+
+def test_an_error_of_another_kind_from_use_stops_the_resume(tmp_path):
+    save_checkpoint(tmp_path, state(10), step=10)
+    save_checkpoint(tmp_path, state(20), step=20)
+
+    def use(path: Path, ckpt: dict) -> None:
+        raise CheckpointError(f"{path} was written by a run with other settings")
+
+    with pytest.raises(CheckpointError, match="step-00000020.pt was written by a run with other"):
+        resume_from(tmp_path, [].append, use)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import os
@@ -171,7 +172,8 @@ def test_train_help_documents_every_option_with_its_range():
     text = " ".join(sub.format_help().split())
     for f in options():
         assert flag(f.name) in text, f.name
-    for fragment in ("--config FILE", "an integer >= 1", "a number in (0, 1], default 0.85",
+    for fragment in ("--config FILE", "an integer in 1..9007199254740992",
+                     "a number in (0, 1], default 0.85",
                      "default 1.8", "a number in [1, 1024], or 'auto'", "--no-resume",
                      "an integer in 0..18446744073709551615, default 0",
                      "a number in [0, 3600], default 0",
@@ -485,14 +487,101 @@ def test_http_timeout_is_checked_and_documented(capsys):
         (["prepare", "--out", "x", "--examples", "0"],
          "argument --examples: examples must be >= 1, got 0"),
         (["prepare", "--out", "x", "--seq-len", "lots"],
-         "argument --seq-len: must be an integer >= 1, got 'lots'"),
+         "argument --seq-len: must be an integer in 1..16384, got 'lots'"),
         (["profile", "--seconds", "0"],
-         "argument --seconds: seconds must be a finite number > 0, got 0.0"),
+         "argument --seconds: seconds must be a number in (0, 3600], got 0.0"),
         (["profile", "--seconds", "inf"],
-         "argument --seconds: seconds must be a finite number > 0, got inf"),
+         "argument --seconds: seconds must be a number in (0, 3600], got inf (the three phases "
+         "take a few seconds each to settle; an hour of measuring tells no more, e.g. --seconds "
+         "10)"),
     ],
 )  # fmt: skip
 def test_plain_flags_are_checked_by_the_shared_rules(args, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2 and capsys.readouterr().err.endswith(f"{message}\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "--seconds", "1e300"],
+         "--seconds: seconds must be a number in (0, 3600], got 1e+300 (the three phases"),
+        (["prepare", "--out", "OUT", "--examples", str(2**64)],
+         "--examples: examples must be an integer in 1..9007199254740992, got "
+         "18446744073709551616 (counts of examples"),
+        (["prepare", "--out", "OUT", "--examples-per-shard", str(2**64)],
+         "--examples-per-shard: examples_per_shard must be an integer in 1..1000000, got "
+         "18446744073709551616 (a shard is one request"),
+        (["prepare", "--out", "OUT", "--dataset", "austen", "--seq-len", str(2**64)],
+         "--seq-len: seq_len must be an integer in 1..16384, got 18446744073709551616 "
+         "(attention holds"),
+        (["train", "--budget", str(2**64)],
+         "--budget: budget must be an integer in 1..9007199254740992 or 'default', got "
+         "18446744073709551616"),
+    ],
+)  # fmt: skip
+def test_every_numeric_flag_of_the_other_commands_has_a_range(tmp_path, capsys, argv, message):
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    start = time.perf_counter()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    assert code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "out").exists() and time.perf_counter() - start < 1.0
+
+
+def _without_loader(ckpt: dict) -> dict:
+    return {k: v for k, v in ckpt.items() if k != "loader"}
+
+
+def _wrong_model(ckpt: dict) -> dict:
+    return {**ckpt, "model": {k: torch.zeros(1) for k in ckpt["model"]}}
+
+
+def _bad_loader(ckpt: dict) -> dict:
+    return {**ckpt, "loader": {"epoch": 0}}
+
+
+@needs_data
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("torch.load fails", r"cannot be read as a checkpoint: torch\.load failed with "
+         r"UnpicklingError: "),
+        (_without_loader, r"missing loader \(keys: config, data, format, history, losses, model"),
+        (_wrong_model, r"its model cannot be loaded: RuntimeError: Error\(s\) in loading state_dict "
+         r"for \w+:"),
+        (_bad_loader, r"its optimizer and loader states cannot be loaded: key 'seed' missing"),
+    ],
+    ids=["unpicklable", "missing-key", "wrong-model", "bad-loader-state"],
+)  # fmt: skip
+def test_resume_falls_back_past_an_intact_checkpoint_whose_contents_do_not_load(
+    small_dir, tmp_path, capsys, damage, why
+):
+    from dataecho.app.checkpoint_file import frame
+
+    ck = tmp_path / "ck"
+    run = ["train", "--data-dir", str(small_dir), "--checkpoint-dir", str(ck),
+           "--checkpoint-every", "3", "--budget", "1024", "--target-accuracy", "off",
+           "--num-workers", "0", *TINY]  # fmt: skip
+    assert main([*run, "--max-steps", "6"]) == 0
+    before = load_checkpoint(ck / "step-00000003.pt")
+    newest = ck / "step-00000006.pt"
+    if callable(damage):  # a valid, checksummed file of another structure
+        buf = io.BytesIO()
+        torch.save(damage(load_checkpoint(newest)), buf)
+        newest.write_bytes(frame(buf.getvalue()))
+    else:
+        newest.write_bytes(frame(b"checksummed bytes that torch.load cannot read"))
+    capsys.readouterr()
+    assert main([*run, "--max-steps", "8", "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"warning: skipped checkpoint whose contents do not load step-00000006\.pt "
+                     rf"\({why}.*\); resuming from step-00000003\.pt", out + err), out + err  # fmt: skip
+    assert f"resumed from {ck}/step-00000003.pt: step 3" in out + err
+    final = load_checkpoint(ck / "step-00000008.pt")  # continued the step-3 run: its losses
+    assert final["run"]["steps"] == 8 and final["losses"][:3].tolist() == before["losses"].tolist()

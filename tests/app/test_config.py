@@ -64,12 +64,12 @@ def test_to_dict_is_plain_and_rebuilds_the_same_config():
         ({"budget": 0}, ValueError, "budget must be >= 1 or 'default', got 0"),
         ({"threads": 0}, ValueError, "threads must be >= 1, got 0"),
         ({"threads": 1.5}, TypeError, r"threads must be an integer in 1\.\.1024, got 1.5"),
-        ({"shuffle_buffer": -1}, ValueError, "shuffle_buffer must be >= 0, got -1"),
+        ({"shuffle_buffer": -1}, ValueError, "shuffle_buffer must be >= 0( or 'default')?, got -1"),
         ({"echo_factor": 0.5}, ValueError, "echo_factor must be >= 1"),
         ({"echo_factor": "twice"}, TypeError, 'or "auto"'),
         ({"where": "middle"}, ValueError, "where must be one of 'before_augment'"),
         ({"workload": "gpt"}, ValueError, "workload must be one of 'cnn', 'char-lm', got 'gpt'"),
-        ({"lr": 0}, ValueError, "lr must be a finite number > 0 or 'default', got 0"),
+        ({"lr": 0}, ValueError, "lr must be a number in \\(0, 10\\] or 'default', got 0"),
         ({"momentum": 1.0}, ValueError, r"momentum must be a number in \[0, 1\), got 1.0"),
         ({"target_accuracy": 1.2}, ValueError, r"target_accuracy must be a number in \(0, 1\]"),
         ({"read_delay": float("inf")}, ValueError, r"read_delay must be a number in \[0, 3600\]"),
@@ -177,7 +177,7 @@ def test_unknown_toml_key_suggests_the_closest(tmp_path):
     ("text", "message"),
     [
         ("budget = 0", "run.toml: key 'budget': budget must be >= 1 or 'default', got 0"),
-        ('budget = "lots"', "key 'budget': must be an integer >= 1, got 'lots'"),
+        ('budget = "lots"', "key 'budget': must be an integer in 1..9007199254740992, got 'lots'"),
         ("momentum = 1.5", r"key 'momentum': momentum must be a number in \[0, 1\), got 1.5"),
         ('where = "mid"', "key 'where': where must be one of"),
         ("progress = 1", "key 'progress': progress must be true or false, got 1"),
@@ -209,7 +209,9 @@ def test_flag_text_off_none_auto_and_booleans():
     assert cfg.upstream is None and cfg.budget == 60_000
     lm = config_from(None, {"workload": "char-lm", "batch_size": "default", "lr": "default"})
     assert lm.batch_size == 32 and lm.lr == 3e-3
-    with pytest.raises(ConfigError, match="--max-steps: must be an integer >= 1, got 'default'"):
+    with pytest.raises(
+        ConfigError, match="--max-steps: must be an integer in 1..9007199254740992, got 'default'"
+    ):
         config_from(None, {"max_steps": "default"})  # for max_steps None means "no limit"
 
 
@@ -330,7 +332,8 @@ def test_a_bad_value_reads_the_same_from_python_a_flag_a_file_and_argparse(tmp_p
     with pytest.raises(ValueError) as python:
         TrainConfig(shuffle_buffer=-1)
     message = str(python.value)
-    assert message == "shuffle_buffer must be >= 0, got -1; use 0 for no post-echo shuffling"
+    assert message.startswith("shuffle_buffer must be >= 0")
+    assert "got -1; use 0 for no post-echo shuffling" in message
     with pytest.raises(ConfigError) as from_flag:
         config_from(None, {"shuffle_buffer": "-1"})
     assert str(from_flag.value) == f"--shuffle-buffer: {message}"
@@ -458,3 +461,73 @@ def test_a_run_on_the_device_mixes_through_its_default_pool_unless_told_otherwis
     assert TrainConfig(where="device", shuffle_buffer=256).loader.shuffle_buffer == 256
     text = " ".join(next(o for o in options() if o.name == "shuffle_buffer").help.split())
     assert f"(default: {DEVICE_POOL_BATCHES} batches' worth with where=device, else 0)" in text
+
+
+# --- values of the wrong shape, counts and rates without a ceiling before ----------------------
+
+
+@pytest.mark.parametrize("name", [o.name for o in options()])
+@pytest.mark.parametrize(("toml", "kind"), [("[1, 2]", "an array"), ("{ a = 1 }", "a table")])
+def test_a_toml_array_or_table_for_any_setting_names_the_key_the_value_and_what_is_valid(
+    tmp_path, name, toml, kind
+):
+    path = tmp_path / "run.toml"
+    path.write_text(f"{flag(name)[2:]} = {toml}\n")
+    with pytest.raises(ConfigError) as info:  # workload = [1, 2] was "unhashable type: 'list'"
+        config_from(path, cli_targets=True)
+    message = str(info.value)
+    assert message.startswith(f"{path}: key {flag(name)[2:]!r}: {name} must be "), message
+    assert f"got {read_toml(path)[name]!r}" in message, message
+    assert f"({kind}; each setting takes one value, e.g. {flag(name)[2:]} = " in message, message
+
+
+def test_a_collection_from_python_is_refused_the_same_way():
+    with pytest.raises(ConfigError, match=r"--workload: workload must be one of 'cnn', "
+                       r"'char-lm', got \['cnn'\] \(an array; .* workload = \"cnn\"\)"):  # fmt: skip
+        config_from(None, {"workload": ["cnn"]}, cli_targets=True)
+
+
+@pytest.mark.parametrize("text", ["loader = 3", 'loader = "fast"', "loader = [4]"])
+def test_a_loader_key_that_is_not_a_table_says_what_the_table_is(tmp_path, text):
+    path = tmp_path / "run.toml"
+    path.write_text(text + "\n")
+    value = read_toml.__globals__["tomllib"].loads(text)["loader"]
+    with pytest.raises(ConfigError) as info:
+        config_from(path)
+    assert str(info.value).startswith(
+        f"{path}: key 'loader' must be a table of the loader's settings, got {value!r}"
+    )
+    assert "under a [loader] line (e.g. echo-factor = 4)" in str(info.value)
+
+
+# Settings that had no upper limit: each now has one, with its reason.
+CEILINGS = {
+    "budget": ("18446744073709551616", r"an integer in 1\.\.9007199254740992", "2\\*\\*53"),
+    "max_steps": ("18446744073709551616", r"an integer in 1\.\.9007199254740992", "2\\*\\*53"),
+    "train_examples": ("2**60", r"an integer in 1\.\.9007199254740992", "2\\*\\*53"),
+    "eval_every": ("2**60", r"an integer in 1\.\.9007199254740992", "2\\*\\*53"),
+    "eval_examples": ("2**60", r"an integer in 1\.\.9007199254740992", "2\\*\\*53"),
+    "screen_examples": ("2**60", r"an integer in 0\.\.9007199254740992", "2\\*\\*53"),
+    "checkpoint_every": ("2**60", r"an integer in 1\.\.9007199254740992", "2\\*\\*53"),
+    "retry_seconds": ("1e19", r"a number in \[0, 86400\]", "more than a day"),
+    "lr": ("1e19", r"a number in \(0, 10\]", "grids stop at 10"),
+    "target_loss": ("1e19", r"a number in \(0, 8\]", "ln 256"),
+    "screen_margin": ("1e19", r"a number in \[0, 8\]", "always calls the full evaluation"),
+}
+
+
+@pytest.mark.parametrize("name", CEILINGS)
+def test_counts_and_rates_without_a_limit_before_are_refused_past_theirs(name):
+    text, valid, why = CEILINGS[name]
+    text = str(eval(text)) if "**" in text else text  # noqa: S307 (a literal of this file)
+    workload = "char-lm" if name == "target_loss" else "cnn"
+    with pytest.raises(ConfigError, match=rf"--{name.replace('_', '-')}: {name} must be {valid}"
+                       rf"( or '\w+')?, got .*\(.*{why}"):  # fmt: skip
+        config_from(None, {"workload": workload, name: text})
+
+
+def test_the_new_ceilings_themselves_are_accepted():
+    cfg = TrainConfig(budget=2**53, max_steps=2**53, eval_every=2**53, retry_seconds=86_400,
+                      lr=10, screen_margin=8, checkpoint_every=2**53)  # fmt: skip
+    assert (cfg.budget, cfg.lr, cfg.retry_seconds) == (2**53, 10.0, 86_400.0)
+    assert TrainConfig(workload="char-lm", target_loss=8).target_loss == 8.0

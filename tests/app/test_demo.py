@@ -115,7 +115,7 @@ def test_emulated_demo_on_a_busy_machine_says_both_everywhere(tmp_path, capsys):
     [
         (["--target", "1.5"], "--target must be a number in (0, 1], got 1.5"),
         (["--echo-factor", "0.5"], "--echo-factor must be a number in [1, 1024], got 0.5"),
-        (["--bandwidth", "-3"], "--bandwidth must be a finite number > 0, got -3.0"),
+        (["--bandwidth", "-3"], "--bandwidth must be a number in [10000, 1e+12], got -3.0"),
         (["--budget", "0"], "--budget must be >= 1, got 0"),
         (["--seed", "x"], "must be an integer in 0..18446744073709551615, got 'x'"),
     ],
@@ -232,3 +232,58 @@ def test_a_negative_shuffle_batches_is_a_usage_error(capsys):
         main(["demo", "--shuffle-batches", "-1"])
     assert exc.value.code == 2
     assert "--shuffle-batches" in capsys.readouterr().err
+
+
+# Every numeric flag of the demo, with a value past its range: refused by argparse, before the
+# shards are written or the bandwidth calibrated (2**64 went through to those steps, or to nginx).
+BIG = str(2**64)
+DEMO_RANGES = [
+    ("--augment-pad", BIG, "--augment-pad must be an integer in 0..28, got 18446744073709551616 "
+     "(Fashion-MNIST images are 28 pixels wide"),
+    ("--shuffle-batches", BIG, "--shuffle-batches must be an integer in 0..131072, got "
+     "18446744073709551616 (the buffer holds that many batches of 128 examples in memory"),
+    ("--bandwidth", BIG, "--bandwidth must be a number in [10000, 1e+12], got "
+     "1.8446744073709552e+19 (1 TB/s is no cap at all on loopback; leave --bandwidth out"),
+    ("--bandwidth", "0.5", "--bandwidth must be a number in [10000, 1e+12], got 0.5"),
+    ("--upstream-ratio", BIG, "--upstream-ratio must be a number in [0.1, 100], got "
+     "1.8446744073709552e+19 (R = t_up / t_down"),
+    ("--upstream-ratio", "1e-300", "--upstream-ratio must be a number in [0.1, 100], got 1e-300"),
+    ("--budget", BIG, "--budget must be an integer in 1..9007199254740992, got "
+     "18446744073709551616 (counts of examples and steps"),
+    ("--seed", BIG, "--seed must be an integer in 0..18446744073709551615, got 18446744073709551616"),
+    ("--echo-factor", BIG, "--echo-factor must be a number in [1, 1024], got 1.8446744073709552e+19"),
+    ("--max-echo-factor", BIG, "--max-echo-factor must be a number in [1, 1024]"),
+    ("--target", BIG, "--target must be a number in (0, 1], got 1.8446744073709552e+19"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), DEMO_RANGES)
+def test_every_numeric_demo_flag_is_checked_before_any_work(tmp_path, capsys, flag, value,
+                                                            message):  # fmt: skip
+    work, runs = tmp_path / "work", tmp_path / "runs"
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--work-dir", str(work), "--runs-dir", str(runs), flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}: {message}" in " ".join(capsys.readouterr().err.split())
+    assert not work.exists() and not runs.exists()  # no shards written, nothing calibrated
+    assert time.perf_counter() - start < 1.0
+
+
+def test_the_demo_checks_every_runs_settings_before_writing_shards(tmp_path, capsys):
+    """What only the runs' config refuses (a setting combination) stops the demo before its
+    first step too, with the config's message."""
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit):  # at the flag's own limit: argparse takes it
+        main(["demo", "--work-dir", str(work), "--shuffle-batches", "131073"])
+    args = argparse.Namespace(where="batch", shuffle_batches=2**25, seed=0, augment_pad=2,
+                              data_dir=DEFAULT_DATA_DIR, echo_factor=4.0, max_echo_factor=8.0,
+                              quick=True, budget=None, target=None, work_dir=work,
+                              runs_dir=tmp_path / "runs", upstream_ratio=4.0, bandwidth=None,
+                              emulate=True, command="demo")  # fmt: skip
+    from dataecho.app.demo import run_demo
+
+    with pytest.raises(ValueError, match=r"shuffle_buffer must be an integer in 0\.\.16777216"
+                       r".*, got 33554432"):  # fmt: skip
+        run_demo(args)
+    assert not work.exists()

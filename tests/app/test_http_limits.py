@@ -328,6 +328,28 @@ def test_a_redirect_to_another_host_is_refused_unless_allowed(shards):
         server.server_close()
 
 
+@pytest.mark.timeout(30)
+def test_a_run_refuses_a_redirect_away_unless_its_flag_allows_it(shards):
+    from dataecho.app.config import TrainConfig
+    from dataecho.app.upstream import build_data
+
+    folder, labels = shards
+    handler = functools.partial(Redirects, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        away = f"http://127.0.0.1:{server.server_port}/away"
+        with pytest.raises(CrossHostRedirect, match="allow_cross_host_redirects"):
+            build_data(TrainConfig(upstream=away, retry_seconds=5))
+        data = build_data(TrainConfig(upstream=away, allow_cross_host_redirects=True,
+                                      http_deadline=60))  # fmt: skip
+        assert data.train.deadline_s == 60
+        assert sorted(y for _, y in data.train) == sorted(labels)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_http_limit_settings_are_checked(shards):
     folder, _ = shards
     with pytest.raises(ValueError, match=r"deadline_s must be a finite number of seconds > 0, "

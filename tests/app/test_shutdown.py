@@ -9,6 +9,7 @@ group as Ctrl-C does), then resumed; and a data-parallel launcher stopped with S
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import random
@@ -403,3 +404,54 @@ def test_sigterm_between_epochs_checkpoints_a_position_that_resumes_exactly(smal
     assert got.losses == want.losses  # every step's loss, bit for bit
     assert (got.fresh_examples, got.echoed_examples) == (want.fresh_examples,
                                                          want.echoed_examples)  # fmt: skip
+
+
+def start_short_epochs(data_dir: Path, log: Path, *extra: str) -> subprocess.Popen:
+    """``dataecho train`` in memory on 256 examples: an epoch (8 steps, workers started anew)
+    every few tens of ms, until stopped; in its own process group; output to ``log``."""
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dataecho.app", "train", "--data-dir", str(data_dir),
+             "--train-examples", "256", "--batch-size", "32", "--eval-every", "256",
+             "--eval-examples", "100", "--num-workers", "1", "--target-accuracy", "off",
+             "--budget", "100000000", "--no-progress", *extra],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_pressed_again_and_again_still_exits_130_with_the_one_line(small, tmp_path):
+    """SIGINT every 3 ms from the first evaluation on (epochs start every few tens of ms): the
+    repeats land in the first one's cleanup, in the command's handler and in the interpreter's
+    exit. Each must still end in 130 and ``dataecho train: interrupted``, with no traceback
+    (it was -2, a KeyboardInterrupt traceback, "Exception ignored in atexit callback")."""
+    runs = {  # to the process (as kill does), and to the group with a final checkpoint (Ctrl-C)
+        os.kill: start_short_epochs(small, tmp_path / "plain.log"),
+        os.killpg: start_short_epochs(small, tmp_path / "ckpt.log", "--checkpoint-dir",
+                                      str(tmp_path / "ck"), "--checkpoint-on-exit"),
+    }  # fmt: skip
+    logs = {os.kill: tmp_path / "plain.log", os.killpg: tmp_path / "ckpt.log"}
+    try:
+        deadline = time.monotonic() + 60
+        for send, proc in runs.items():
+            wait_for_log(proc, logs[send].read_text, "| test acc", deadline)
+        end = time.monotonic() + 20
+        while any(p.poll() is None for p in runs.values()) and time.monotonic() < end:
+            for send, proc in runs.items():
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        send(proc.pid, signal.SIGINT)
+            time.sleep(0.003)
+        for send, proc in runs.items():
+            proc.wait(timeout=30)
+            out = logs[send].read_text()
+            assert proc.returncode == 130, out
+            assert out.rstrip().endswith("dataecho train: interrupted"), out
+            assert "Traceback" not in out and "Exception ignored" not in out, out
+        assert "SIGINT" in logs[os.killpg].read_text()  # the final checkpoint's line
+    finally:
+        for proc in runs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -312,5 +312,67 @@ def test_shift_flip_then_normalize_equals_the_demo_augmentation():
 @pytest.mark.parametrize(("mean", "std", "message"), [(0.0, 0.0, "std must be"),
                                                       (float("nan"), 1.0, "mean must be")])  # fmt: skip
 def test_normalize_refuses_bad_statistics(mean, std, message):
-    with pytest.raises(ValueError if "std" in message else TypeError, match=message):
+    with pytest.raises(ValueError, match=message):
         dataecho.augment.Normalize(mean, std)
+
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.mark.parametrize(
+    ("mean", "std"),
+    [
+        (IMAGENET_MEAN, IMAGENET_STD),
+        (list(IMAGENET_MEAN), list(IMAGENET_STD)),
+        (torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)),
+        (IMAGENET_MEAN, 0.25),  # one of them per channel, the other for every channel
+    ],
+    ids=["tuples", "lists", "tensors", "mixed"],
+)
+def test_normalize_takes_one_mean_and_std_per_channel_as_torchvision_users_pass_them(mean, std):
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    op = dataecho.augment.Normalize(mean, std)
+    m = torch.as_tensor(mean, dtype=torch.float64).expand(3).view(1, 3, 1, 1)
+    s = torch.as_tensor(std, dtype=torch.float64).expand(3).view(1, 3, 1, 1)
+    want = ((images.double() / 255 - m) / s).float()  # torchvision's formula, per channel
+    out = op(images)
+    assert out.dtype == torch.float32 and out.shape == images.shape
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(op(images.float() / 255), want)  # floats are 0..1 already
+    pair = op((images, torch.arange(4)))
+    torch.testing.assert_close(pair[0], want)
+    assert "Normalize(mean=(0.485, 0.456, 0.406)" in repr(op)
+
+
+@pytest.mark.parametrize(
+    ("mean", "std", "error", "message"),
+    [
+        ((0.5, 0.5), (0.2, 0.0), ValueError,
+         r"std must be a finite number > 0, got 0.0 \(channel 1 of \(0.2, 0.0\)\)"),
+        ((0.5, 0.5), torch.tensor([0.2, -1.0]), ValueError, r"std must be a finite number > 0, "
+         r"got -1.0 \(channel 1 of tensor\(\[ 0.2000, -1.0000\]\)\)"),
+        ((0.5, float("inf")), 0.2, ValueError, r"mean must be a finite number, got inf \(channel 1"),
+        ((0.5, 0.5, 0.5), (0.2, 0.2), ValueError,
+         r"mean and std give different channel counts \(3 and 2\)"),
+        ((), 0.2, ValueError, r"mean must give at least one value, got \(\)"),
+        (torch.zeros(3, 1), 0.2, ValueError, r"mean must be a number or one per channel \(a 1-D "
+         r"tensor\), got a tensor of shape \(3, 1\)"),
+        ("0.5", 0.2, TypeError, r"mean must be a finite number or a sequence of them \(one per "
+         r"channel\), got '0.5' of type str"),
+        ((0.5, "x"), (0.2, 0.2), TypeError, r"mean must be a finite number per channel, got 'x' "
+         r"\(channel 1 of \(0.5, 'x'\)\) of type str"),
+    ],
+)  # fmt: skip
+def test_per_channel_statistics_are_checked_with_the_channel_and_the_range(
+    mean, std, error, message
+):
+    with pytest.raises(error, match=message):
+        dataecho.augment.Normalize(mean, std)
+
+
+def test_per_channel_statistics_must_match_the_batchs_channels_at_call_time():
+    op = dataecho.augment.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    with pytest.raises(ValueError, match=r"has 3 values per channel, but the batch has 1 "
+                       r"channel\(s\) \(shape \(2, 1, 4, 4\), \[N, C, H, W\]\); give 1 values"):  # fmt: skip
+        op(torch.zeros(2, 1, 4, 4))
+    op(torch.zeros(2, 3, 4, 4))  # the same op on the right channel count

@@ -274,3 +274,31 @@ def test_profile_rejects_bad_sources_and_steps() -> None:
         profile([], lambda batch: None, seconds=0.1)
     with pytest.raises(TypeError, match="must be iterable.*got int"):
         profile(5, lambda batch: None)  # type: ignore[arg-type]
+
+
+def report_for(ratio: float, e: int) -> ProfileReport:
+    """A report of an input-bound pipeline (t_down 1 ms) that recommends ``e``."""
+    return ProfileReport(t_up=ratio * 1e-3, t_down=1e-3, t_overlapped=ratio * 1e-3,
+                         stall_fraction=0.99, overlap_fraction=1.0, input_bound=True,
+                         recommended_echo_factor=e, max_echo_factor=16, batches_up=10,
+                         steps_down=10, steps_overlapped=10)  # fmt: skip
+
+
+def test_a_factor_past_the_papers_useful_range_says_what_it_risks_and_the_range() -> None:
+    report = report_for(780.0, 16)  # R = 780: the largest e is recommended, 16
+    text = format_report(report)
+    note = report.echo_factor_note
+    assert note is not None and text.endswith(note)
+    assert note.startswith("note: e = 16 is past the papers' useful range of about 4-8 at common "
+                           "batch sizes (docs/papers.md).")  # fmt: skip
+    assert "an echoed example is worth less than a fresh one" in note
+    assert "fresh examples saved per extra step shrink toward none" in note
+    assert "Try e = 4 to 8" in note and "with R = 780 the step will still wait for data" in note
+    assert json.loads(json.dumps(report.as_dict()))["echo_factor_note"] == note
+
+
+@pytest.mark.parametrize("e", [1, 4, 8])
+def test_a_factor_within_the_useful_range_gets_no_note(e: int) -> None:
+    report = report_for(max(e, 1.05) / 0.9, e)
+    assert report.echo_factor_note is None and "note: e =" not in format_report(report)
+    assert report.as_dict()["echo_factor_note"] is None

@@ -221,3 +221,45 @@ def test_a_log_file_gets_a_redraw_per_interval_not_per_refresh() -> None:
         for _ in bar.wrap(sleepy(200, 0.001, size=8)):
             pass
     assert forced.getvalue().count("\r") > 50  # a caller's own mininterval wins
+
+
+class SizedSlow:
+    """A re-iterable of ``n`` batches that take ``delay`` s each to come, with a ``len()``."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return sleepy(self.n, self.delay)
+
+
+def test_a_known_length_gives_each_epoch_a_total_and_the_time_left() -> None:
+    out = io.StringIO()
+    data = SizedSlow(8, 0.01)
+    bar = TrainingProgress(data, desc="run", file=out, mininterval=0, refresh_seconds=0.001)
+    seen = []
+    with bar:
+        for _epoch in range(2):
+            for i, _ in enumerate(bar.wrap(data)):
+                if i == 3:  # the 4th batch, counted as it came
+                    seen.append(out.getvalue().rsplit("\r", 1)[-1])
+    assert seen[0].startswith("run epoch 1:  50%") and "| 4/8 [00:00<00:00, " in seen[0], seen
+    assert seen[1].startswith("run epoch 2:  50%") and "| 4/8 [" in seen[1], seen
+    assert "echo=1.00x" in seen[1] and "stall=" in seen[1]  # the postfix stays
+    assert "run: 16 steps, 64 examples (64 fresh, echo 1.00x)" in out.getvalue()  # the run's
+
+
+def test_a_run_total_wins_and_an_unsized_iterable_shows_no_total() -> None:
+    out = io.StringIO()
+    with TrainingProgress(total_steps=20, file=out, mininterval=0) as bar:
+        for _ in bar.wrap(SizedSlow(8, 0.0)):
+            pass
+    assert "8/20 [" in out.getvalue() and "epoch" not in out.getvalue()
+    out = io.StringIO()
+    with TrainingProgress(file=out, mininterval=0) as bar:
+        for _ in bar.wrap(sleepy(5, 0.0)):
+            pass
+    assert "5step [" in out.getvalue() and "/" not in out.getvalue().split("[")[0]

@@ -20,7 +20,10 @@ created, written to, and has room for the checkpoints to come (:func:`check_fold
 folder fails at once, not after the training time is spent. Writes are atomic
 (:mod:`dataecho.app.checkpoint_file`): a failed one raises, naming the file and why, and leaves the
 earlier checkpoints loadable. Each file carries its checksum: a resume skips a damaged one for
-the newest intact one and says so.
+the newest intact one and says so; it does the same, with a warning naming the file and why,
+for one whose checksum holds but whose contents do not load (another structure, a key missing,
+a model, optimizer or loader state the run cannot take). A checkpoint of another run (other
+settings, data or kind) stops the resume instead: falling back would continue the wrong run.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ import torch
 from dataecho.app import workloads
 from dataecho.app.checkpoint_file import (
     CheckpointError,
+    UnusableCheckpointError,
     check_checkpoint_dir,
     check_same,
     checkpoint_to_resume,
+    error_line,
     list_checkpoints,
     resume_from,
     save_checkpoint,
@@ -134,37 +139,83 @@ def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: An
     checkpoint_to_resume(cfg.checkpoint_dir, cfg.resume)  # a new run refuses an old folder
     if not cfg.resume:
         return run, [], []
-    # Every rank picks the same file; rank 0 says which damaged ones it skipped.
+    loaded: list[RunCounters] = []
+
+    def use(path: Path, ckpt: dict[str, Any]) -> None:
+        """Load ``ckpt`` into the run; contents it cannot take raise UnusableCheckpointError
+        (the resume falls back), a checkpoint of another run CheckpointError (it stops)."""
+        _check_kind(ckpt, path, data_parallel=rank is not None)  # another kind of run: stop
+        _check_structure(ckpt, path, data_parallel=rank is not None)
+        check_same(ckpt["config"], cfg.to_dict(), RESUME_MUST_MATCH, path)
+        if ckpt["data"] != data.identity:
+            raise CheckpointError(
+                f"{path} was trained on other data ({ckpt['data']}) than this upstream has "
+                f"({data.identity}); point the upstream at the data it was trained on"
+            )
+        part = "model"  # what was being loaded, for the reason
+        try:  # each load replaces all it sets: a fallback's loads overwrite a partial one
+            parts.model.load_state_dict(ckpt["model"])
+            part = "run counters"
+            counters = RunCounters.from_dict(ckpt["run"])
+            part = "optimizer and loader states"
+            if rank is None:
+                _resume_process(ckpt, parts, counters)
+            else:
+                _resume_rank(ckpt, parts, counters, rank)
+            part = "RNG states"
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            random.setstate(ckpt["rng"]["python"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as err:
+            found = f"key {err} missing" if type(err) is KeyError else error_line(err)
+            raise UnusableCheckpointError(path, f"its {part} cannot be loaded: {found}") from None
+        loaded.append(counters)
+
+    # Every rank picks the same file; rank 0 says which damaged or unusable ones it skipped.
     found = resume_from(cfg.checkpoint_dir, (lambda line: log(f"[{cfg.name}] {line}"))
-                        if rank is None or rank.rank == 0 else (lambda line: None))  # fmt: skip
+                        if rank is None or rank.rank == 0 else (lambda line: None),
+                        use)  # fmt: skip
     if found is None:
         log(f"[{cfg.name}] no checkpoint in {cfg.checkpoint_dir} yet: starting from the beginning")
         return run, [], []
     path, ckpt = found
-    _check_kind(ckpt, path, data_parallel=rank is not None)
-    check_same(ckpt["config"], cfg.to_dict(), RESUME_MUST_MATCH, path)
-    if ckpt["data"] != data.identity:
-        raise CheckpointError(
-            f"{path} was trained on other data ({ckpt['data']}) than this upstream has "
-            f"({data.identity}); point the upstream at the data it was trained on"
-        )
-    parts.model.load_state_dict(ckpt["model"])
-    run = RunCounters.from_dict(ckpt["run"])
+    run = loaded[-1]
     if rank is None:
-        _resume_process(ckpt, parts, run)
         log(f"[{cfg.name}] resumed from {path}: step {run.steps:,}, {run.fresh:,} fresh "
             f"examples, {run.seconds:.1f} s")  # fmt: skip
     else:
-        _resume_rank(ckpt, parts, run, rank)
         log(f"[{cfg.name}] resumed from {path} ({len(ckpt['loaders'])} ranks then, "
             f"{rank.world_size} now): {run.fresh:,} fresh examples, {run.global_steps:,} steps")  # fmt: skip
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    random.setstate(ckpt["rng"]["python"])
     reached = run.to_target is not None and cfg.stop_at_target and cfg.target is not None
     run.stop_vote = False
     run.done = reached or at_limit(cfg, run, 1 if rank is None else rank.world_size)
     losses = ckpt["losses"].tolist() if rank is None or rank.rank == 0 else []  # rank 0's
     return run, list(ckpt["history"]), losses
+
+
+# What every training checkpoint holds, and its kind: a state without one of them (or with
+# another kind there) was not written by this run's save().
+_STRUCTURE: dict[str, type] = {
+    "config": dict, "data": str, "model": dict, "optimizer": dict, "run": dict,
+    "history": list, "losses": torch.Tensor, "rng": dict,
+}  # fmt: skip
+
+
+def _check_structure(ckpt: dict[str, Any], path: Path, *, data_parallel: bool) -> None:
+    """Raise :class:`UnusableCheckpointError` naming each key that is missing or of another
+    kind than :func:`save` writes (``loader``, or data parallel ``loaders``, as well)."""
+    want = dict(_STRUCTURE)
+    if data_parallel:
+        want["loaders"] = list
+    else:
+        want["loader"] = dict
+    missing = [key for key in want if key not in ckpt]
+    wrong = [f"{key} is a {type(ckpt[key]).__name__}" for key, kind in want.items()
+             if key in ckpt and not isinstance(ckpt[key], kind)]  # fmt: skip
+    if missing or wrong:
+        found = ([f"missing {', '.join(missing)}"] if missing else []) + wrong
+        raise UnusableCheckpointError(
+            path, f"{'; '.join(found)} (keys: {', '.join(sorted(map(str, ckpt)))})"
+        )
 
 
 def _check_kind(ckpt: dict[str, Any], path: Path, *, data_parallel: bool) -> None:
