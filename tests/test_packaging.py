@@ -106,6 +106,36 @@ def test_importing_the_library_loads_no_application_dependency(statement):
     assert out.stdout.strip() == "[]"
 
 
+FRAMEWORKS = {"transformers": "dataecho.frameworks.hf_trainer.LoaderStateCallback",
+              "accelerate": "dataecho.frameworks.accelerate.register_loader"}  # fmt: skip
+
+
+def test_the_framework_glue_imports_no_framework_and_says_which_one_it_needs():
+    # Importing the glue loads no framework; with each framework then blocked as if not
+    # installed, using the glue raises dataecho's FrameworkMissingError (an ImportError) that
+    # names the package.
+    frameworks = sorted(FRAMEWORKS)
+    code = (
+        "import sys\n"
+        "from dataecho.frameworks import FrameworkMissingError, accelerate, hf_trainer\n"
+        f"print(sorted(m for m in {frameworks!r} if m in sys.modules))\n"
+        f"for name in {frameworks!r}: sys.modules[name] = None\n"
+        "for use in (lambda: hf_trainer.LoaderStateCallback,\n"
+        "            lambda: accelerate.register_loader(None, None)):\n"
+        "    try:\n"
+        "        use()\n"
+        "    except FrameworkMissingError as error:\n"
+        "        assert isinstance(error, ImportError)\n"
+        "        print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert out.stdout.splitlines() == ["[]"] + [
+        f"{glue} needs {name}, which is not installed: pip install {name}"
+        for name, glue in FRAMEWORKS.items()
+    ]
+
+
 def test_python_m_dataecho_app_is_the_command():
     out = subprocess.run([sys.executable, "-m", "dataecho.app", "--help"], capture_output=True,
                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
@@ -118,7 +148,9 @@ def test_python_m_dataecho_app_is_the_command():
 def test_the_library_source_imports_only_the_standard_library_and_its_four_dependencies():
     # Reads the source, so an import deferred into a function counts too. The one exception:
     # a streaming library's adapter imports that library, deferred into a function, which
-    # runs only once the user has passed one of its datasets (so it is installed).
+    # runs only once the user has passed one of its datasets (so it is installed). The
+    # frameworks' glue (dataecho/frameworks) has none: it imports its framework by name when
+    # used (dataecho.frameworks.require; test_the_framework_glue_... above).
     allowed = {"dataecho", "torch", "torchdata", "numpy", "tqdm"} | set(sys.stdlib_module_names)
     own = {"mosaic.py": "streaming", "litdata.py": "litdata", "hf.py": "datasets",
            "webdataset.py": "webdataset"}  # fmt: skip

@@ -1,8 +1,8 @@
 """Real ``accelerate`` training loops over an EchoingDataLoader, on the CPU.
 
 ``Accelerator.prepare`` hands an EchoingDataLoader back as it is (it is no torch DataLoader), and
-``save_state`` / ``load_state`` hold it only once ``register_for_checkpointing(loader)`` named
-it. Each example's label is its index in the dataset, and every step records the labels it
+``save_state`` / ``load_state`` hold it only once it is registered: the one call users write is
+``dataecho.frameworks.accelerate.register_loader(accelerator, loader)``. Each example's label is its index in the dataset, and every step records the labels it
 trains on: the tests assert exactly which examples a resumed run trains, and its weights.
 """
 
@@ -15,9 +15,10 @@ import torch
 from accelerate import Accelerator
 from conftest import assert_same_stream
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
-from dataecho import EchoingDataLoader
+from dataecho import DataechoTypeError, DataechoValueError, EchoingDataLoader
+from dataecho.frameworks.accelerate import register_loader
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,7 +41,7 @@ class Indexed(Dataset):
 
 class Run:
     """One process's training set-up: a new Accelerator, model, optimizer and loader, prepared;
-    with ``register``, the loader goes into the accelerator's checkpoints."""
+    with ``register``, the loader goes into the accelerator's checkpoints (``register_loader``)."""
 
     def __init__(self, *, register: bool) -> None:
         self.accelerator = Accelerator(cpu=True)
@@ -51,7 +52,7 @@ class Run:
         loader = EchoingDataLoader(Indexed(), **LOADER)
         self.model, self.optimizer, self.loader = self.accelerator.prepare(model, optimizer, loader)
         if register:
-            self.accelerator.register_for_checkpointing(self.loader)
+            assert register_loader(self.accelerator, self.loader) is self.loader
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def train(self, until_step: int) -> None:
@@ -89,11 +90,10 @@ def test_prepare_hands_the_loader_back_as_it_is(uninterrupted):
 
 
 def test_skip_first_batches_is_not_a_way_to_resume_the_loader():
-    # accelerate rebuilds a torch DataLoader from the loader's batch sampler, and an
-    # EchoingDataLoader has none: its batches are formed after echoing.
+    # accelerate rebuilds a torch DataLoader from the loader's batch sampler: an
+    # EchoingDataLoader's (its EpochHook) holds no batches, and names the way to resume.
     run = Run(register=False)
-    assert run.loader.batch_sampler is None
-    with pytest.raises(TypeError, match="'NoneType' object is not iterable"):
+    with pytest.raises(DataechoTypeError, match=r"register_loader\(accelerator, loader\)"):
         next(iter(run.accelerator.skip_first_batches(run.loader, 3)))
 
 
@@ -115,7 +115,7 @@ def test_load_state_of_a_registered_loader_resumes_exactly(tmp_path: Path, unint
 
 
 def test_an_unregistered_loader_silently_starts_its_epoch_over(tmp_path: Path, uninterrupted):
-    # What the docs warn of: without register_for_checkpointing the checkpoint holds no
+    # What the docs warn of: without register_loader the checkpoint holds no
     # loader, load_state says nothing, and the new loader starts epoch 0 from its first batch.
     k = 5
     stopped = Run(register=False)
@@ -146,3 +146,25 @@ def test_registering_on_one_side_only_fails_loudly(tmp_path: Path):
     stopped.accelerator.save_state(saved_with)
     with pytest.raises(RuntimeError, match="does not match the number of registered objects"):
         Run(register=False).accelerator.load_state(saved_with)
+
+
+def test_register_loader_twice_is_refused():
+    # A second registration would save the loader twice, and a resumed script that registers
+    # it once would fail in load_state.
+    run = Run(register=True)
+    with pytest.raises(DataechoValueError, match="registered with this Accelerator already"):
+        register_loader(run.accelerator, run.loader)
+    assert run.accelerator._custom_objects == [run.loader]
+    other = EchoingDataLoader(Indexed(), **LOADER)  # a second loader is a second object
+    assert register_loader(run.accelerator, other) is other
+
+
+def test_register_loader_takes_an_accelerator_and_an_echoing_loader():
+    run = Run(register=False)
+    with pytest.raises(DataechoTypeError, match="the arguments are swapped"):
+        register_loader(run.loader, run.accelerator)
+    with pytest.raises(DataechoTypeError, match="takes an accelerate.Accelerator first, got dict"):
+        register_loader({}, run.loader)
+    with pytest.raises(DataechoTypeError, match=r"goes through accelerator.prepare\(loader\)"):
+        register_loader(run.accelerator, DataLoader(Indexed(), batch_size=4))
+    assert run.accelerator._custom_objects == []  # nothing registered on the way

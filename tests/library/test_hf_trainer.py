@@ -5,13 +5,14 @@ its index in the dataset, and every training step records the labels it trains o
 assert which examples a resumed run trains against the uninterrupted run, and its weights.
 Nothing is downloaded: the model is a small ``nn.Module`` built here that returns its loss.
 
-``LoaderState`` and ``EchoingTrainer`` are the lines docs/faults-and-resume.md gives users.
+``EchoingTrainer`` and ``LoaderStateCallback()`` (shipped in ``dataecho.frameworks.hf_trainer``)
+are the lines docs/faults-and-resume.md gives users.
 """
 
 from __future__ import annotations
 
 import gc
-import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,9 @@ from conftest import assert_same_stream
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dataecho import EchoingDataLoader
+from dataecho import DataechoTypeError, DataechoValueError, EchoingDataLoader
+from dataecho.frameworks.hf_trainer import LoaderStateCallback
 
 N = 32  # examples: 16 batches an epoch at a batch size of 4, each example twice
 STEPS = 32  # two epochs
@@ -70,21 +71,6 @@ class EchoingTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.trained.append({k: v.clone() for k, v in inputs.items()})
         return super().training_step(model, inputs, num_items_in_batch)
-
-
-class LoaderState(TrainerCallback):
-    """Saves the loader's position in each checkpoint and loads it back on a resume."""
-
-    def path(self, args, state) -> str:
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        return os.path.join(folder, f"loader_state_{args.process_index}.pt")
-
-    def on_save(self, args, state, control, train_dataloader=None, **kwargs):
-        torch.save(train_dataloader.state_dict(), self.path(args, state))
-
-    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        if state.global_step > 0:  # resumed from a checkpoint
-            train_dataloader.load_state_dict(torch.load(self.path(args, state), weights_only=True))
 
 
 class StopAt(TrainerCallback):
@@ -148,7 +134,7 @@ def stopped(tmp_path_factory):
     def run(k: int) -> tuple[Path, EchoingTrainer]:
         if k not in runs:
             folder = tmp_path_factory.mktemp(f"stopped-at-{k}")
-            trainer = train(folder, callbacks=[LoaderState(), StopAt(k)], ignore_data_skip=True)
+            trainer = train(folder, callbacks=[LoaderStateCallback(), StopAt(k)])
             assert (folder / f"checkpoint-{k}" / "loader_state_0.pt").exists()
             runs[k] = folder, trainer
         return runs[k]
@@ -171,9 +157,11 @@ def test_trainer_epoch_e_trains_the_loaders_epoch_e(uninterrupted):
 def test_with_the_loader_state_callback_a_resume_trains_what_the_uninterrupted_run_trains(
     uninterrupted, stopped, k
 ):
+    # The callback alone: it turns Trainer's own batch skipping off as the Trainer is made.
     folder, before = stopped(k)
     assert_same_stream(before.trained, uninterrupted.trained[:k], "before the checkpoint")
-    resumed = train(folder, callbacks=[LoaderState()], resume=True, ignore_data_skip=True)
+    resumed = train(folder, callbacks=[LoaderStateCallback()], resume=True)
+    assert resumed.args.ignore_data_skip is True
     assert_same_stream(resumed.trained, uninterrupted.trained[k:], "after the resume")
     assert resumed.state.global_step == STEPS
     assert_same_weights(resumed, uninterrupted)
@@ -189,18 +177,79 @@ def test_by_default_an_end_of_epoch_checkpoint_resumes_exactly_through_set_epoch
     assert_same_weights(resumed, uninterrupted)
 
 
-def test_by_default_a_mid_epoch_resume_fails_in_accelerates_batch_skipping(stopped):
+def test_by_default_a_mid_epoch_resume_fails_naming_the_callback(stopped):
     # Trainer skips the epoch's first batches with accelerate's skip_first_batches, which
-    # rebuilds the loader as a torch DataLoader over its batch_sampler: an EchoingDataLoader
-    # has none (its batches are formed after echoing), so the resumed run stops at once.
+    # rebuilds the loader as a torch DataLoader over its batch_sampler: an EchoingDataLoader's
+    # (its EpochHook) holds no batches, and says what resumes the loader instead.
     folder, _ = stopped(5)
-    with pytest.raises(TypeError, match="'NoneType' object is not iterable"):
+    with pytest.raises(DataechoTypeError, match=r"callbacks=\[dataecho\.frameworks\.hf_trainer"):
         train(folder, resume=True)
 
 
 def test_skipping_no_batch_without_the_callback_starts_the_epoch_over(uninterrupted, stopped):
-    # ignore_data_skip=True without LoaderState: nothing says so, and the resumed run trains
+    # ignore_data_skip=True without the callback: nothing says so, and the resumed run trains
     # the whole of epoch 0 again (its first 5 batches twice), then 11 batches of epoch 1.
     folder, _ = stopped(5)
     resumed = train(folder, resume=True, ignore_data_skip=True)
     assert_same_stream(resumed.trained, uninterrupted.trained[: STEPS - 5], "started over")
+
+
+def arguments(output_dir: Path, **more) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(output_dir), max_steps=STEPS, per_device_train_batch_size=4,
+        save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True, **more,
+    )  # fmt: skip
+
+
+class PlainTrainer(Trainer):
+    """Trainer's own torch DataLoader; ``trained`` counts the steps taken."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.trained.append(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def test_the_callback_refuses_a_torch_dataloader_before_the_first_step(tmp_path):
+    trainer = PlainTrainer(model=Linear(), args=arguments(tmp_path), train_dataset=Indexed(),
+                           callbacks=[LoaderStateCallback()])  # fmt: skip
+    trainer.trained = []
+    with pytest.raises(DataechoTypeError, match="return an EchoingDataLoader from your Trainer"):
+        trainer.train()
+    assert trainer.trained == []
+
+
+def test_a_checkpoint_written_without_the_callback_is_refused_not_restarted(tmp_path):
+    # Without the loader's position the resumed epoch would start over: said before any step.
+    train(tmp_path, callbacks=[StopAt(5)])  # a checkpoint without the loader's state
+    with pytest.raises(DataechoValueError, match=r"checkpoint-5/loader_state_0\.pt does not exist"):
+        train(tmp_path, callbacks=[LoaderStateCallback()], resume=True)
+
+
+def test_the_callback_added_after_the_trainer_is_made_needs_ignore_data_skip(tmp_path):
+    trainer = EchoingTrainer(model=Linear(), args=arguments(tmp_path), train_dataset=Indexed())
+    trainer.add_callback(LoaderStateCallback())
+    trainer.trained = []
+    assert trainer.args.ignore_data_skip is False  # on_init_end has passed: nothing turned it on
+    with pytest.raises(DataechoValueError, match="Trainer\\(callbacks=\\[LoaderStateCallback"):
+        trainer.train()
+    assert trainer.trained == []
+
+
+def test_the_callback_is_a_trainer_callback_and_says_when_transformers_is_missing(monkeypatch):
+    import dataecho.frameworks.hf_trainer as glue
+    from dataecho.frameworks import FrameworkMissingError
+
+    assert issubclass(LoaderStateCallback, TrainerCallback)
+    assert LoaderStateCallback.__module__ == "dataecho.frameworks.hf_trainer"
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    glue._callback_class.cache_clear()
+    try:
+        with pytest.raises(FrameworkMissingError, match="needs transformers.*pip install"):
+            glue.LoaderStateCallback  # noqa: B018
+        with pytest.raises(ImportError):  # what `except ImportError` catches
+            from dataecho.frameworks.hf_trainer import LoaderStateCallback as _  # noqa: F401
+    finally:
+        glue._callback_class.cache_clear()
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        glue.Nope  # noqa: B018
