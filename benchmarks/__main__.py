@@ -50,6 +50,10 @@ BENCHMARKS = {
         "one evaluation of the demo's CNN by chunk size, alone and beside a busy step",
     ),
     "pool": ("benchmarks.pool", "the device pool's time per batch at 10-100 batches vs the step"),
+    "spread": (
+        "benchmarks.spread",
+        "how far the default shuffle buffer spreads copies, what it holds, the first batch's wait",
+    ),
     "persistent_workers": (
         "benchmarks.persistent_workers",
         "epoch start (iter() to the first batch) with and without persistent workers",

@@ -105,18 +105,11 @@ def one_of(value: object, choices: tuple[str, ...], *, name: str) -> str:
     return value
 
 
-# torch's generators take a seed that fits a signed 64-bit integer.
-MAX_SEED = 2**63 - 1
-
-
 def seed(value: object) -> int | None:
-    """Accept None or an integer seed from 0 to :data:`MAX_SEED`."""
+    """Accept None or a non-negative integer seed."""
     if value is None:
         return None
-    return non_negative_int(
-        value, name="seed", high=MAX_SEED, why="torch's generators take a 63-bit seed",
-        hint="pass a smaller non-negative int (e.g. seed % 2**63), or None for a fresh one",
-    )  # fmt: skip
+    return non_negative_int(value, name="seed", hint="pass a non-negative int or None")
 
 
 def timeout(value: object) -> float:

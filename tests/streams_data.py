@@ -169,8 +169,9 @@ def check_rest_reads(
     once: bool = True,
     per_worker: int = 1,
 ) -> None:
-    """Resumed after ``head`` batches, a fresh loader (an empty cache) gives the rest of the
-    epoch exactly and fetches from the server (``gets()``: the shard names it answered so far)
+    """Resumed after ``head`` batches, a fresh loader (an empty cache; ``make`` builds one
+    without a shuffle buffer, whose examples the state holds) gives the rest of the epoch
+    exactly and fetches from the server (``gets()``: the shard names it answered so far)
     each shard the rest reads, once, and besides them at most the shard each worker was in
     (a worker that had just read a shard's last sample was still in it): none of the shards
     read to their end before, which a replay would fetch again. ``shard_of(i)`` names example

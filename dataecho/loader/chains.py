@@ -30,6 +30,7 @@ from dataecho.loader.example_batches import ExampleBatches
 from dataecho.loader.numbered import Numbered
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.read_ahead import stop_read_ahead
+from dataecho.loader.spread import SpreadBatches
 from dataecho.stages import Echo, MixExamples, Shuffle
 from dataecho.stages.adaptive import AdaptiveEcho
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_MIX, STAGE_SHUFFLE, STAGE_TRANSFORM
@@ -68,10 +69,11 @@ def example_batches(
     ``length``: the items the worker reads this epoch (see :func:`echo_stage`).
     """
     copy = copies_can_alias(opts, collate_fn, per_example is not None)
+    buffer = shuffle_size(opts)
     if opts.where == "before_augment" and not opts.adaptive:
         return ExampleBatches(
             node, cast(float, opts.echo_factor), batch_size=opts.batch_size,
-            shuffle_buffer=opts.shuffle_buffer, transform=per_example, seed=seed(STAGE_ECHO),
+            shuffle_buffer=buffer, transform=per_example, seed=seed(STAGE_ECHO),
             copy=copy, length=length,
         )  # fmt: skip
 
@@ -81,8 +83,8 @@ def example_batches(
     def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
         if opts.echoes:
             n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=length)
-        if opts.shuffle_buffer > 1:
-            n = Shuffle(n, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
+        if buffer > 1:
+            n = Shuffle(n, buffer, seed=seed(STAGE_SHUFFLE))
         return n
 
     if opts.where == "before_augment":  # with "auto": a fixed factor returned above
@@ -91,13 +93,24 @@ def example_batches(
         stages = echo_and_shuffle(transform(node))
     else:  # "batch" or "device": whole batches are echoed in the main process
         stages = transform(node)
+        return Batcher(stages, opts.batch_size, drop_last=False)
+    # With a shuffle buffer no two copies of an example share a batch: a copy that meets its
+    # twin waits, up to the buffer's batches.
+    if opts.echoes and buffer > 1:
+        spread = buffer // opts.batch_size
+        return SpreadBatches(stages, opts.batch_size, spread=spread, seed=seed(STAGE_SHUFFLE))
     return Batcher(stages, opts.batch_size, drop_last=False)
+
+
+def shuffle_size(opts: LoaderOptions) -> int:
+    """The post-echo shuffle buffer (derived on construction where not given: never None)."""
+    return cast(int, opts.shuffle_buffer)
 
 
 def counts_first_deliveries(opts: LoaderOptions) -> bool:
     """Whether fresh examples count as the device's pool first delivers them (its
     ``first_deliveries``), not by the workers' counts per batch."""
-    return opts.where == "device" and opts.shuffle_buffer > 1
+    return opts.where == "device" and shuffle_size(opts) > 1
 
 
 def workers_counting(opts: LoaderOptions) -> dict[str, bool]:
@@ -148,8 +161,8 @@ def batch_stages(
     if opts.where == "batch":
         node = batch_echo(workers) if opts.echoes else workers
         counting = node if opts.adaptive else None
-        if opts.shuffle_buffer > 1:
-            node = Shuffle(node, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
+        if shuffle_size(opts) > 1:
+            node = Shuffle(node, shuffle_size(opts), seed=seed(STAGE_SHUFFLE))
         return node, counting
     # On CUDA with a fixed factor the next fresh batch's copy stays in flight ("auto" reads on
     # its own thread, which overlaps the copies already).
@@ -161,7 +174,7 @@ def batch_stages(
     if opts.echoes:
         node = counting = batch_echo(node)
     if mixed:  # the copies' examples spread over the batches that follow
-        node = counting = MixExamples(node, opts.shuffle_buffer, seed=seed(STAGE_MIX),
+        node = counting = MixExamples(node, shuffle_size(opts), seed=seed(STAGE_MIX),
                                       device=device, numbered=True)  # fmt: skip
     root = DeviceTransform(node, device, opts.device_transform, seed=seed(STAGE_TRANSFORM))
     return root, counting

@@ -27,6 +27,7 @@ from torch.utils.data import Sampler, default_collate
 from torchdata.nodes import BaseNode
 
 from dataecho import _validate
+from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader.chains import (
     MAIN_PROCESS,
     batch_stages,
@@ -50,7 +51,49 @@ from dataecho.loader.pipeline import PipelineDataset, over_stream
 from dataecho.loader.upstream_loader import LoaderUpstream, check_loader_upstream, is_loader
 from dataecho.loader.workers import PersistentWorkers, WorkersNode
 from dataecho.stages import EchoStats
-from dataecho.stages.seeds import derive_seed, resolve_seed
+from dataecho.stages.seeds import derive_seed, fit_seed, resolve_seed
+
+NO_BATCHES = (
+    "an EchoingDataLoader forms its batches after the echo stage, so its batch_sampler has no "
+    "batches to skip or re-batch (accelerate's skip_first_batches does that, and HF Trainer "
+    "through it on a mid-epoch resume): resume the loader from its own state_dict() instead; "
+    "under HF Trainer pass callbacks=[dataecho.frameworks.hf_trainer.LoaderStateCallback()], "
+    "under accelerate call dataecho.frameworks.accelerate.register_loader(accelerator, loader)"
+)
+
+
+class EpochHook:
+    """``loader.batch_sampler``: where frameworks that drive a DataLoader's epoch look for
+    ``set_epoch`` (``loader.batch_sampler.set_epoch(e)``, as timm does, or
+    ``loader.batch_sampler.sampler.set_epoch(e)``, as Lightning does): it calls the loader's
+    :meth:`~dataecho.loader.checkpointing.LoaderCheckpoint.set_epoch`, so they set the epoch
+    whose order and seeds the next ``iter()`` runs. It holds no batches: iterating it or taking
+    its ``len`` raises ``DataechoTypeError``, naming the way to resume instead.
+    """
+
+    def __init__(self, loader: EchoingDataLoader) -> None:
+        self.loader = loader
+
+    @property
+    def sampler(self) -> EpochHook:
+        """Itself: ``batch_sampler.sampler.set_epoch`` reaches the loader too."""
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """``loader.set_epoch(epoch)``."""
+        self.loader.set_epoch(epoch)
+
+    def __bool__(self) -> bool:  # truthy as a batch sampler, whatever __len__ says
+        return True
+
+    def __iter__(self) -> Iterator[Any]:
+        raise DataechoTypeError(NO_BATCHES)
+
+    def __len__(self) -> int:
+        raise DataechoTypeError(NO_BATCHES)
+
+    def __repr__(self) -> str:
+        return f"<EpochHook: set_epoch of {type(self.loader).__name__} at {id(self.loader):#x}>"
 
 
 class EchoingDataLoader(LoaderCheckpoint):
@@ -67,7 +110,8 @@ class EchoingDataLoader(LoaderCheckpoint):
                            for ``"auto"``)
     ``batch_size=None``    refused: the echo stage forms the batches
     ``batch_sampler``      refused: batches are formed after echoing; pass ``sampler`` and
-                           ``batch_size`` instead
+                           ``batch_size`` instead. The attribute is an :class:`EpochHook`:
+                           its ``set_epoch`` is the loader's (frameworks call it there)
     ``persistent_workers`` kept across epochs, as there (each epoch's order and seeds reach
                            them in shared memory); also stopped by ``close()`` and
                            ``load_state_dict``; restarted for a sampler's order longer than
@@ -160,6 +204,13 @@ class EchoingDataLoader(LoaderCheckpoint):
             num_workers, name="num_workers", hint="use 0 to read in the main process",
             high=_validate.MAX_WORKERS, why=_validate.WORKERS_WHY,
         )  # fmt: skip
+        timeout = _validate.timeout(timeout)
+        if timeout and not self.num_workers:
+            raise DataechoValueError(
+                f"timeout={timeout:g} limits the wait for a worker's batch, but num_workers=0 "
+                "reads in the main process (torch's DataLoader asserts there); pass "
+                "num_workers >= 1, or timeout=0"
+            )
         if prefetch_factor is not None:
             prefetch_factor = _validate.positive_int(
                 prefetch_factor, name="prefetch_factor", high=MAX_PREFETCH_FACTOR,
@@ -190,8 +241,7 @@ class EchoingDataLoader(LoaderCheckpoint):
         self.dataset = dataset
         self.batch_size = self.options.batch_size
         self.drop_last = self.options.drop_last
-        self.sampler = sampler
-        self.batch_sampler = None
+        self.sampler = sampler  # the user's, or None; batch_sampler: the property below
         self.collate_fn = collate_fn or default_collate
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
@@ -205,7 +255,7 @@ class EchoingDataLoader(LoaderCheckpoint):
         # torch's global RNG, so torch.manual_seed(...) makes the run reproducible.
         if seed is None:
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-        self.seed = resolve_seed(_validate.seed(seed))
+        self.seed = fit_seed(resolve_seed(_validate.seed(seed)))
         self.stats = EchoStats()
         opts = self.options
         # where="device": the device batches are echoed on (checked here, where it must exist).
@@ -239,6 +289,14 @@ class EchoingDataLoader(LoaderCheckpoint):
         # p + 1 that position must be p's end.
         self._resume_asked: int | None = None
         self._checked_copies = False  # whether the identical-copies warning was considered
+
+    @property
+    def batch_sampler(self) -> EpochHook:
+        """An :class:`EpochHook` (a new one each read, so the loader holds no cycle that would
+        keep it and its workers alive): ``set_epoch`` reaches the loader from where frameworks
+        call it on a DataLoader's batch sampler; ``sampler`` stays the user's (or None), as
+        Lightning and accelerate read it."""
+        return EpochHook(self)
 
     def drain(self) -> bool:
         """End the run's reading here, for a stop at a budget of fresh examples: the batches

@@ -16,7 +16,9 @@ copy and the transform's call.
   example follow one another and each is augmented as its batch is formed, as the per-example
   chain does. With one, each batch is a uniform draw without replacement from a pool of at
   least ``shuffle_buffer + batch_size - 1`` entries (what a shuffle buffer of that size draws
-  a batch from); at the end of the source the pool drains.
+  a batch from); at the end of the source the pool drains. A batch holds at most one copy of
+  an example while the pool has others to give (a further one is swapped for a random entry
+  of the pool: :func:`_spread`).
 - **Copies**: with ``copy``, every copy of an example echoed more than once is a new object
   (:func:`~dataecho.stages.copying.copy_item`) made from the pristine original, which never
   leaves the node itself; an example emitted once is passed on as it is.
@@ -33,6 +35,7 @@ Items in: ``(read_number, example)``; out: lists of ``(read_number, copy)``, one
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -45,7 +48,29 @@ from dataecho.transforms import GuardedTransform
 
 # One pool entry: (read number, the original example, whether its copy must be a new object).
 Entry = tuple[int, Any, bool]
+_NUMBER = itemgetter(0)
 _MIXED: Plan = ("mixed",)  # pooled originals of more than one copy plan
+
+
+def _spread(taken: list[Entry], pool: list[Entry], rng: np.random.Generator) -> None:
+    """Swap each further copy of an example in ``taken`` for a uniformly drawn entry of the
+    pool whose example ``taken`` does not hold yet, so that no batch holds two copies of one
+    example while the pool has others to give. The copy goes to that entry's random place: it
+    stays as far from its twin as the pool puts copies (not the next batch's)."""
+    held: set[int] = set()
+    for i, entry in enumerate(taken):
+        if entry[0] not in held:
+            held.add(entry[0])
+            continue
+        # A few draws find one (the pool holds mostly other examples); a scan settles the rest.
+        tries = rng.integers(0, len(pool), size=8) if pool else ()
+        j = next((int(j) for j in tries if pool[j][0] not in held), None)
+        if j is None:
+            j = next((k for k in range(len(pool)) if pool[k][0] not in held), None)
+        if j is None:  # only copies of examples the batch holds are left (an epoch's end)
+            continue
+        taken[i], pool[j] = pool[j], entry
+        held.add(taken[i][0])
 
 
 class ExampleBatches(Echo[Any]):
@@ -175,6 +200,8 @@ class ExampleBatches(Echo[Any]):
         size = min(self.batch_size, len(entries))
         taken = entries[len(entries) - size :]
         del entries[len(entries) - size :]
+        if len(set(map(_NUMBER, taken))) < size:
+            _spread(taken, entries, self._generator())
         if not entries:
             self._plan = None
         return taken

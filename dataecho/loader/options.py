@@ -38,6 +38,11 @@ BATCH_LEVEL = ("batch", "device")
 DEFAULT_DEVICE = "cpu"  # where="device" without device=: the same code path, on the host
 REUSE_POLICIES = ("uniform", "latest", "fewest")
 AUTO = "auto"
+# The default post-echo shuffle buffer where examples are echoed, in batches' worth: copies
+# spread over about as many batches; as few fresh examples to a target as 40 batches' worth
+# (benchmarks/augmentation), with a first batch after 10 / e batches' reads and the originals of
+# 10 / e batches held per worker (benchmarks/spread).
+SPREAD_BATCHES = 10
 # The most batches a worker keeps in flight by default: a huge echo factor would otherwise
 # ask for that many times DataLoader's depth, all held in memory.
 MAX_PREFETCH = 32
@@ -130,11 +135,21 @@ class LoaderOptions:
         "device_transform augments each copy)",
         "before_augment",
     )
-    shuffle_buffer: int = _setting(
-        Int(0, high=MAX_BUFFER, why=BUFFER_WHY, hint="use 0 for no post-echo shuffling"),
+    shuffle_buffer: int | None = _setting(
+        Int(
+            0,
+            none="default",
+            high=MAX_BUFFER,
+            why=BUFFER_WHY,
+            hint="use 0 for no post-echo shuffling (each example's copies side by side)",
+        ),
         "post-echo shuffle buffer in examples (whole batches for where=batch; for where=device, "
-        "examples of the copies mixed across batches on the device); 0 or 1 = none",
-        0,
+        "examples of the copies mixed across batches on the device); 0 or 1 = none. Where "
+        "examples are echoed (before_augment, after_augment) no batch then holds two copies of "
+        "one example while the buffer has others to give. Default: "
+        f"{SPREAD_BATCHES} batches' worth where examples are echoed (at a factor above 1, or "
+        "'auto'), else 0",
+        None,
     )
     transform: Callable[[Any], Any] | None = _setting(
         OptionalCallable("example"),
@@ -215,6 +230,11 @@ class LoaderOptions:
                 set_(self, f.name, checked(f.name, f.metadata["check"], getattr(self, f.name)))
         batches = self.batch_level
         derived = {
+            # Example echoing spreads each example's copies over batches by default (the
+            # method's better variant); batch echoing repeats whole batches, apart already.
+            "shuffle_buffer": SPREAD_BATCHES * self.batch_size
+            if self.echoes and not batches
+            else 0,
             "reuse_buffer": 1 if batches else self.batch_size,
             # Examples: copies spread evenly over the buffer, as a fixed factor spreads them.
             "reuse_policy": "latest" if batches else "fewest",

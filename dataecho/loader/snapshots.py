@@ -28,7 +28,7 @@ and replays (re-reads) the batches since, at most one interval.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -52,7 +52,8 @@ def snapshot_interval(opts: LoaderOptions, num_workers: int, prefetch_factor: in
         # others. One snapshot per batch keeps the resume exact.
         return 1
     # Batch echoing shuffles whole batches in the training process; workers buffer nothing.
-    buffered = 0 if opts.batch_level else opts.shuffle_buffer
+    # Derived on construction where not given: an int here.
+    buffered = 0 if opts.batch_level else cast(int, opts.shuffle_buffer)
     per_buffer = max(1, buffered // opts.batch_size)
     if num_workers == 0 or buffered < CHEAP_BUFFER:
         return per_buffer

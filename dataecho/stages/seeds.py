@@ -20,6 +20,12 @@ def resolve_seed(seed: int | None) -> int:
     return secrets.randbits(63) if seed is None else int(seed)
 
 
+def fit_seed(seed: int) -> int:
+    """``seed`` itself where torch's generators take it (below 2**63), else a 63-bit seed
+    derived from all of it: a loader hands its seed to torch and to its workers in 64 bits."""
+    return seed if seed < 2**63 else derive_seed(seed)
+
+
 def derive_seed(seed: int, *keys: int) -> int:
     """A 63-bit seed for the stream named by ``keys`` (stage, worker, epoch, ...)."""
     seq = np.random.SeedSequence(entropy=int(seed), spawn_key=tuple(int(k) for k in keys))

@@ -275,7 +275,8 @@ def test_the_lifted_hf_transform_gives_what_indexing_the_dataset_gives(columns, 
     for i in range(N):
         assert_same_item(lifted.per_copy(raw[i]), table[i], f"row {i}")
     # Through the loader, copies adjacent (no shuffling): each row's copies are its table[i].
-    loader = EchoingDataLoader(table, batch_size=BATCH, echo_factor=2, seed=0)
+    # Without a shuffle buffer: each row's two copies side by side.
+    loader = EchoingDataLoader(table, batch_size=BATCH, echo_factor=2, seed=0, shuffle_buffer=0)
     ids = [i for i in range(N) for _ in range(2)]
     want = [default_collate([table[i] for i in ids[k : k + BATCH]]) for k in range(0, 2 * N, 4)]
     assert_same_stream(list(loader), want, "echoed rows")

@@ -449,7 +449,12 @@ def test_copy_false_shares_the_objects():
         return example
 
     loader = EchoingDataLoader(
-        source, batch_size=2, echo_factor=2, transform=add_one_in_place, copy=False
+        source,
+        batch_size=2,
+        echo_factor=2,
+        transform=add_one_in_place,
+        copy=False,
+        shuffle_buffer=0,  # each example's copies side by side, in one batch
     )
     values = [float(x[0]) for xs, _ in loader for x in xs]
     # The opt-out: both copies are one object, so each saw both in-place additions.
@@ -535,7 +540,12 @@ def raise_deep_inside(i):
 
 def test_upstream_error_reaches_consumer_with_original_traceback():
     loader = EchoingDataLoader(
-        FailingDataset(20), batch_size=4, echo_factor=2, where="after_augment", seed=0
+        FailingDataset(20),
+        batch_size=4,
+        echo_factor=2,
+        where="after_augment",
+        seed=0,
+        shuffle_buffer=0,  # no buffer to fill: batches arrive before the failing read
     )
     got = []
     with pytest.raises(KeyError, match="record 9 is corrupt") as info:

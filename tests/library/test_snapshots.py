@@ -34,7 +34,7 @@ def test_interval_is_one_buffer_of_batches_without_workers_or_with_a_cheap_buffe
     assert snapshot_interval(small, 2, 8) == (CHEAP_BUFFER - 8) // 8
     # Batch echoing buffers nothing in the workers; no buffer at all: one batch.
     assert snapshot_interval(options(where="batch", shuffle_buffer=1024), 2, 8) == 1
-    assert snapshot_interval(options(), 1, 8) == 1
+    assert snapshot_interval(options(shuffle_buffer=0), 1, 8) == 1
 
 
 def test_interval_stretches_by_the_batches_in_flight_when_a_buffer_is_costly():

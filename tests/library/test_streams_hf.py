@@ -67,7 +67,7 @@ def test_a_resume_reads_again_at_most_the_file_each_worker_was_in(nginx, workers
     # Its own state can point at the end of the file before; the reader moves it on.
     per_file = N // FILES
     check_rest_reads(
-        lambda: echoing(stream(nginx), "after_augment", 2, workers),
+        lambda: echoing(stream(nginx), "after_augment", 2, workers, shuffle_buffer=0),
         lambda: [name for name in nginx_gets(nginx) if name.endswith(".jsonl")],
         lambda i: f"part-{i // per_file}.jsonl", workers=workers, head=16, once=False,
     )  # fmt: skip
@@ -80,7 +80,7 @@ def test_a_resume_at_a_files_end_through_a_map_opens_no_file_before(nginx, head)
     # before the one it was in.
     per_file = N // FILES
     check_rest_reads(
-        lambda: echoing(stream(nginx).map(lambda e: {"y": e["id"] * 2}), "after_augment", 2, 0),
+        lambda: echoing(stream(nginx).map(lambda e: {"y": e["id"] * 2}), "after_augment", 2, 0, shuffle_buffer=0),
         lambda: [name for name in nginx_gets(nginx) if name.endswith(".jsonl")],
         lambda i: f"part-{i // per_file}.jsonl", workers=1, head=head, once=False,
     )  # fmt: skip
