@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,16 +245,21 @@ def test_a_checkpoint_folder_that_cannot_be_written_fails_before_training(
     )
 
 
-@needs_data
-@pytest.mark.timeout(60)
-def test_resume_skips_a_damaged_checkpoint_for_the_one_before(small_dir, tmp_path, capsys):
+def six_steps_checkpointed(small_dir: Path, tmp_path: Path) -> tuple[Path, list[str], dict, Path]:
+    """A run of 6 steps checkpointed every 3: its folder, its command, the checkpoint of step
+    3 and the path of step 6's (the newest)."""
     ck = tmp_path / "ck"
     run = ["train", "--data-dir", str(small_dir), "--checkpoint-dir", str(ck),
            "--checkpoint-every", "3", "--budget", "1024", "--target-accuracy", "off",
            "--num-workers", "0", *TINY]  # fmt: skip
     assert main([*run, "--max-steps", "6"]) == 0
-    before = load_checkpoint(ck / "step-00000003.pt")
-    newest = ck / "step-00000006.pt"
+    return ck, run, load_checkpoint(ck / "step-00000003.pt"), ck / "step-00000006.pt"
+
+
+@needs_data
+@pytest.mark.timeout(60)
+def test_resume_skips_a_damaged_checkpoint_for_the_one_before(small_dir, tmp_path, capsys):
+    ck, run, before, newest = six_steps_checkpointed(small_dir, tmp_path)
     data = bytearray(newest.read_bytes())
     data[len(data) // 2 : len(data) // 2 + 64] = random.Random(6).randbytes(64)
     newest.write_bytes(bytes(data))
@@ -564,13 +570,7 @@ def test_resume_falls_back_past_an_intact_checkpoint_whose_contents_do_not_load(
 ):
     from dataecho.app.checkpoint_file import frame
 
-    ck = tmp_path / "ck"
-    run = ["train", "--data-dir", str(small_dir), "--checkpoint-dir", str(ck),
-           "--checkpoint-every", "3", "--budget", "1024", "--target-accuracy", "off",
-           "--num-workers", "0", *TINY]  # fmt: skip
-    assert main([*run, "--max-steps", "6"]) == 0
-    before = load_checkpoint(ck / "step-00000003.pt")
-    newest = ck / "step-00000006.pt"
+    ck, run, before, newest = six_steps_checkpointed(small_dir, tmp_path)
     if callable(damage):  # a valid, checksummed file of another structure
         buf = io.BytesIO()
         torch.save(damage(load_checkpoint(newest)), buf)

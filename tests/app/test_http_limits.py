@@ -9,13 +9,14 @@ asserts the error names the URL and the limit, and that the reader did not read 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import http.server
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -297,13 +298,23 @@ class Redirects(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.mark.timeout(30)
-def test_a_redirect_to_another_host_is_refused_unless_allowed(shards):
-    folder, labels = shards
+@contextlib.contextmanager
+def redirecting(folder: Path) -> Iterator[http.server.ThreadingHTTPServer]:
+    """:class:`Redirects` over ``folder`` on 127.0.0.1, stopped at the end."""
     handler = functools.partial(Redirects, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(30)
+def test_a_redirect_to_another_host_is_refused_unless_allowed(shards):
+    folder, labels = shards
+    with redirecting(folder) as server:
         url, port = f"http://127.0.0.1:{server.server_port}", server.server_port
         # A redirect on the same host and port is followed, for the manifest and every shard.
         assert [y for _, y in ShardDataset(url + "/moved")] == labels
@@ -323,9 +334,6 @@ def test_a_redirect_to_another_host_is_refused_unless_allowed(shards):
             next(iter(ShardDataset(url + "/away", manifest, retry_seconds=30)))
         allowed = ShardDataset(url + "/away", allow_cross_host_redirects=True)
         assert [y for _, y in allowed] == labels
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.timeout(30)
@@ -334,10 +342,7 @@ def test_a_run_refuses_a_redirect_away_unless_its_flag_allows_it(shards):
     from dataecho.app.upstream import build_data
 
     folder, labels = shards
-    handler = functools.partial(Redirects, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with redirecting(folder) as server:
         away = f"http://127.0.0.1:{server.server_port}/away"
         with pytest.raises(CrossHostRedirect, match="allow_cross_host_redirects"):
             build_data(TrainConfig(upstream=away, retry_seconds=5))
@@ -345,9 +350,6 @@ def test_a_run_refuses_a_redirect_away_unless_its_flag_allows_it(shards):
                                       http_deadline=60))  # fmt: skip
         assert data.train.deadline_s == 60
         assert sorted(y for _, y in data.train) == sorted(labels)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_http_limit_settings_are_checked(shards):
