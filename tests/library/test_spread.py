@@ -34,7 +34,7 @@ def batches_with_two_copies(batches: list[list[int]]) -> int:
 
 
 @pytest.mark.parametrize("where", ["before_augment", "after_augment"])
-@pytest.mark.parametrize("factor", [2, 2.5, 4, "auto"])
+@pytest.mark.parametrize("factor", [2.5, 4, "auto"])
 def test_by_default_no_batch_holds_two_copies_of_an_example_but_at_the_end(where, factor):
     batches = [b.tolist() for _, b in loader(where, factor)]
     counts = collections.Counter(i for b in batches for i in b)
@@ -67,11 +67,12 @@ def test_an_explicit_shuffle_buffer_of_0_keeps_each_examples_copies_side_by_side
     assert labels[0::2] == labels[1::2]
 
 
-@pytest.mark.parametrize("where", ["before_augment", "after_augment"])
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize(
+    ("where", "workers"), [("before_augment", 0), ("after_augment", 0), ("after_augment", 1)]
+)
 def test_the_spread_resumes_exactly(where, workers):
     run_test_save_load_state(
-        lambda: loader(where, 2.5, num_workers=workers), positions=[0, 7, 20, 37],
+        lambda: loader(where, 2.5, num_workers=workers), positions=[0, 20, 37],
         restore=lambda node, state: node.load_state_dict(state),
         new_epoch=lambda node: None, end_may_start_next_epoch=True,
     )  # fmt: skip
