@@ -145,16 +145,18 @@ class IterableReader(BaseNode[Any]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        own_iterator = self._it is self.dataset
         return {
             "yielded": self._yielded,
-            # A dataset that is its own iterator builds its position in __iter__: its state is
-            # the iterator's, restored after iter() (as StatefulDataLoader does).
-            "dataset": self.dataset.state_dict()
-            if is_stateful(self.dataset) and not own_iterator
-            else None,
+            "dataset": self._dataset_state(),
             "iterator": self._it.state_dict() if is_stateful(self._it) else None,
         }
+
+    def _dataset_state(self) -> Any:
+        # A dataset that is its own iterator builds its position in __iter__: its state is
+        # the iterator's, restored after iter() (as StatefulDataLoader does).
+        if is_stateful(self.dataset) and self._it is not self.dataset:
+            return self.dataset.state_dict()
+        return None
 
 
 class Tagged(BaseNode[Any]):

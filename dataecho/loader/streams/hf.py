@@ -14,6 +14,7 @@ already split is read as it is.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -45,15 +46,21 @@ ONE_TO_ONE = LEAVES | {
 }  # fmt: skip
 
 
-def hands_on_each_row(dataset: Any) -> bool:
-    """Whether every stage of ``dataset`` hands on each row it reads as one item, in order."""
+def stages(dataset: Any) -> Iterator[Any]:
+    """The stages of a ``datasets.IterableDataset``, from the last to its file list."""
     node = getattr(dataset, "_ex_iterable", None)
     while node is not None:
-        name = type(node).__name__
-        if name not in ONE_TO_ONE or (name == "MappedExamplesIterable" and node.batched):
-            return False
+        yield node
         node = getattr(node, "ex_iterable", None)
-    return True
+
+
+def hands_on_each_row(dataset: Any) -> bool:
+    """Whether every stage of ``dataset`` hands on each row it reads as one item, in order."""
+    return all(
+        type(node).__name__ in ONE_TO_ONE
+        and not (type(node).__name__ == "MappedExamplesIterable" and node.batched)
+        for node in stages(dataset)
+    )
 
 
 def live_position(state: dict[str, Any]) -> tuple[int, int] | None:
@@ -93,16 +100,26 @@ class HFReader(IterableReader):
         # File index -> its rows, learned as the stream moves on from it (None: not learned).
         self._ends: dict[int, int] | None = {} if hands_on_each_row(dataset) else None
         self._seen: tuple[int, int] | None = None  # the position after the item before
+        # The library's state after the item last read, taken to learn from (its count of
+        # items, the state): a state asked for then is that one, not a second copy.
+        self._taken: tuple[int, Any] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        self._seen = None
+        self._seen = self._taken = None
 
     def next(self) -> Any:
         item = super().next()
         if self._ends is not None:
-            self._learn(live_position(self.dataset.state_dict()))
+            own = self.dataset.state_dict()
+            self._taken = (self._yielded, own)
+            self._learn(live_position(own))
         return item
+
+    def _dataset_state(self) -> Any:
+        if self._taken is not None and self._taken[0] == self._yielded:
+            return self._taken[1]
+        return super()._dataset_state()
 
     def _learn(self, now: tuple[int, int] | None) -> None:
         assert self._ends is not None
@@ -125,12 +142,7 @@ class HFReader(IterableReader):
 
 def shuffles_through_a_buffer(dataset: Any) -> bool:
     """Whether a ``datasets.IterableDataset`` has a shuffle buffer among its stages."""
-    node = getattr(dataset, "_ex_iterable", None)
-    while node is not None:
-        if type(node).__name__ == "BufferShuffledExamplesIterable":
-            return True
-        node = getattr(node, "ex_iterable", None)
-    return False
+    return any(type(node).__name__ == "BufferShuffledExamplesIterable" for node in stages(dataset))
 
 
 class HFStream(Stream):
