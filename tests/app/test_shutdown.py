@@ -449,7 +449,15 @@ def test_ctrl_c_pressed_again_and_again_still_exits_130_with_the_one_line(small,
             assert proc.returncode == 130, out
             assert out.rstrip().endswith("dataecho train: interrupted"), out
             assert "Traceback" not in out and "Exception ignored" not in out, out
-        assert "SIGINT" in logs[os.killpg].read_text()  # the final checkpoint's line
+        # Whether the final checkpoint was written depends on where the first signal landed:
+        # a repeat during a step stops at once, without one (the second-signal test above).
+        # Written or not, nothing in the folder is torn.
+        out, ck = logs[os.killpg].read_text(), tmp_path / "ck"
+        written = re.search(r"SIGINT (while waiting for a batch|during a step \(stopped after "
+                            r"it\)): final checkpoint (\S+);", out)  # fmt: skip
+        assert written is None or Path(written[2]).is_file(), out
+        for _, path in list_checkpoints(ck):
+            load_checkpoint(path)
     finally:
         for proc in runs.values():
             if proc.poll() is None:
