@@ -59,6 +59,7 @@ def example_batches(
     per_example: Callable[[Any], Any] | None,
     collate_fn: Callable[[list[Any]], Any],
     length: int | None,
+    copies: int | None = None,
 ) -> BaseNode[list[Any]]:
     """A worker's batches of tagged copies over its tagged reads ``node``: for
     ``before_augment`` at a fixed factor, the one node that echoes, mixes, copies and augments
@@ -66,7 +67,8 @@ def example_batches(
     ``opts.where``'s order and a batcher.
 
     ``per_example``: the transform run on each item (the user's or the dataset's), or None.
-    ``length``: the items the worker reads this epoch (see :func:`echo_stage`).
+    ``length``: the items the worker reads this epoch, ``copies``: its part of the epoch's
+    copies where the loader shares them out (see :func:`echo_stage`).
     """
     copy = copies_can_alias(opts, collate_fn, per_example is not None)
     buffer = shuffle_size(opts)
@@ -74,7 +76,7 @@ def example_batches(
         return ExampleBatches(
             node, cast(float, opts.echo_factor), batch_size=opts.batch_size,
             shuffle_buffer=buffer, transform=per_example, seed=seed(STAGE_ECHO),
-            copy=copy, length=length,
+            copy=copy, length=length, copies=copies,
         )  # fmt: skip
 
     def transform(n: BaseNode[Any]) -> BaseNode[Any]:
@@ -82,7 +84,7 @@ def example_batches(
 
     def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
         if opts.echoes:
-            n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=length)
+            n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=length, copies=copies)
         if buffer > 1:
             n = Shuffle(n, buffer, seed=seed(STAGE_SHUFFLE))
         return n
@@ -174,8 +176,10 @@ def batch_stages(
     if opts.echoes:
         node = counting = batch_echo(node)
     if mixed:  # the copies' examples spread over the batches that follow
+        # With drop_last the pool fills the epoch's short fresh batch (loader/remainders.py).
+        fill_to = opts.batch_size if opts.drop_last and opts.echoes else 0
         node = counting = MixExamples(node, shuffle_size(opts), seed=seed(STAGE_MIX),
-                                      device=device, numbered=True)  # fmt: skip
+                                      device=device, numbered=True, fill_to=fill_to)  # fmt: skip
     root = DeviceTransform(node, device, opts.device_transform, seed=seed(STAGE_TRANSFORM))
     return root, counting
 
@@ -210,12 +214,15 @@ def echo_stage(
     *,
     copy: bool | None = None,
     length: int | None = None,
+    copies: int | None = None,
 ) -> BaseNode[Any]:
     """The echo stage the options ask for: fixed factor, or adaptive for "auto".
 
     ``copy``: whether copies are separate objects (default: ``opts.copy``). ``length``: the
     items ``source`` delivers in the epoch, so that a fractional factor gives exactly its share
-    of extra copies (see :mod:`dataecho.stages.fixed_echo`); "auto" needs none.
+    of extra copies (see :mod:`dataecho.stages.fixed_echo`); "auto" needs none. ``copies``:
+    the exact copies of those items, where the loader counts them for all workers at once
+    (:mod:`dataecho.loader.epoch_counts`).
     """
     copy = opts.copy if copy is None else copy
     if opts.adaptive:
@@ -232,7 +239,7 @@ def echo_stage(
             queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
         )
     factor = cast(float, opts.echo_factor)  # a number: not "auto"
-    return Echo(source, factor, seed=seed, copy=copy, length=length)
+    return Echo(source, factor, seed=seed, copy=copy, length=length, copies=copies)
 
 
 def close_chain(node: Any) -> None:

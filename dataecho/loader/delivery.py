@@ -2,8 +2,10 @@
 
 Every item carries the number it was read under (:class:`dataecho.loader.reading.Tagged`), and
 every echoed copy carries its original's. A fresh example counts when its first copy reaches
-a delivered batch: with a shuffle buffer a later copy may arrive first, and a batch that
-``drop_last`` drops delivers nothing, so counting at the read would count examples nobody got.
+a delivered batch: with a shuffle buffer a later copy may arrive first, so counting at the read would count examples
+nobody got yet. The worker's last short batch goes to the main process uncounted, with the
+copies that first deliver their example marked (:attr:`Delivery.firsts`): merged with the other
+workers' there, it counts as its batches are delivered (:mod:`dataecho.loader.remainders`).
 
 Which numbers were delivered: all below ``low``, and those in ``ahead`` (delivered out of
 order). ``ahead`` holds only what a shuffle buffer moved ahead of a still-buffered example, so
@@ -22,14 +24,14 @@ _NUMBER, _ITEM = itemgetter(0), itemgetter(1)
 
 class Delivery(BaseNode[list[Any]]):
     """Lists of ``(read_number, item)`` in, lists of items out; ``fresh`` is the last list's
-    count of first deliveries. With ``drop_last`` a short last list is dropped, uncounted."""
+    count of first deliveries, and ``firsts``, for a short list, which of its items they are."""
 
-    def __init__(self, source: BaseNode[list[Any]], batch_size: int, *, drop_last: bool) -> None:
+    def __init__(self, source: BaseNode[list[Any]], batch_size: int) -> None:
         super().__init__()
         self.source = source
         self.batch_size = batch_size
-        self.drop_last = drop_last
         self.fresh = 0
+        self.firsts: list[bool] = []
         self._low = 0
         self._ahead: set[int] = set()
 
@@ -43,8 +45,6 @@ class Delivery(BaseNode[list[Any]]):
 
     def next(self) -> list[Any]:
         tagged = next(self.source)
-        if self.drop_last and len(tagged) < self.batch_size:
-            raise StopIteration
         # Set operations at C speed: the numbers not delivered before (each once), at or
         # above low; below it all were.
         numbers = set(map(_NUMBER, tagged)) - self._ahead  # a scan of the batch's, not of ahead
@@ -55,6 +55,11 @@ class Delivery(BaseNode[list[Any]]):
             self._ahead.remove(self._low)
             self._low += 1
         self.fresh = len(numbers)
+        if len(tagged) < self.batch_size:  # the last: each example's first copy in it, marked
+            self.firsts = []
+            for number in map(_NUMBER, tagged):
+                self.firsts.append(number in numbers)
+                numbers.discard(number)
         return list(map(_ITEM, tagged))
 
     @property

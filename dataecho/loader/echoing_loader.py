@@ -116,9 +116,14 @@ class EchoingDataLoader(LoaderCheckpoint):
                            them in shared memory); also stopped by ``close()`` and
                            ``load_state_dict``; restarted for a sampler's order longer than
                            any before
-    ``drop_last``          drops each worker's last short batch (as with an iterable dataset)
+    ``drop_last``          as there without echoing. Echoing, no example loses every copy: a
+                           map-style dataset's copies are rounded to whole batches, and a
+                           short fresh batch for batch echoing is filled with copies of its
+                           own examples (:mod:`dataecho.loader.remainders`)
     ``num_workers > 0``    a map-style dataset's epoch order is strided over the workers:
-                           each example is read once, by one worker, and echoed there
+                           each example is read once, by one worker, and echoed there; the
+                           workers' last short batches are batched together, so the epoch's
+                           batches and ``len`` are the same for any ``num_workers``
     ``shuffle=True``       a new seeded order each epoch; ``seed`` (else ``generator``, else
                            torch's global RNG, drawn once here) fixes it
     ranks                  without a ``sampler``, each rank reads its own share (rank from an

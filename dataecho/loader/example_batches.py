@@ -93,8 +93,9 @@ class ExampleBatches(Echo[Any]):
         seed: int | None = None,
         copy: bool = True,
         length: int | None = None,
+        copies: int | None = None,
     ) -> None:
-        super().__init__(source, factor, seed=seed, copy=copy, length=length)
+        super().__init__(source, factor, seed=seed, copy=copy, length=length, copies=copies)
         self.batch_size = int(batch_size)
         self.shuffle_buffer = int(shuffle_buffer)
         self.transform = transform

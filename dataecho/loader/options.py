@@ -168,7 +168,11 @@ class LoaderOptions:
     shuffle: bool = _setting(
         Bool(), "read a map-style dataset in a new seeded order each epoch", False
     )
-    drop_last: bool = _setting(Bool(), "drop each worker's last incomplete batch", False)
+    drop_last: bool = _setting(
+        Bool(),
+        "drop the epoch's last incomplete batch (echoing: round the copies to whole batches)",
+        False,
+    )
     copy: bool = _setting(
         Bool(),
         "echoed copies are independent objects (one memcpy per copy, made only where a "

@@ -10,7 +10,9 @@ Example echoing runs here, inside the worker (or the main process with ``num_wor
 read the example, so an echoed copy never costs a second upstream read. Each pipeline yields
 ``(batch, fresh_examples_in_it, (worker, waiting))`` so the main process can count fresh data
 across workers, and the examples each worker has read but not yet delivered once (held in its
-echo stage's buffers): with them, the examples read so far.
+echo stage's buffers): with them, the examples read so far. Its last short batch goes
+uncollated, as a :class:`~dataecho.loader.remainders.Remainder`, to be batched with the other
+workers' in the main process.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from typing import Any, cast
 
 import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
-from torchdata.nodes import BaseNode, Mapper
+from torchdata.nodes import BaseNode
 
 from dataecho.loader.chains import close_chain, example_batches
 from dataecho.loader.dataset_transform import find_transform, lifts
 from dataecho.loader.delivery import Delivery
+from dataecho.loader.epoch_counts import rank_examples, share_sizes, split_copies, total_copies
 from dataecho.loader.epoch_fields import EpochFields
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.read_ahead import read_ahead
@@ -38,6 +41,7 @@ from dataecho.loader.reading import (
     reader_index,
     reader_share,
 )
+from dataecho.loader.remainders import Remainder
 from dataecho.loader.rng_scope import RngScope
 from dataecho.loader.snapshots import send_once
 from dataecho.loader.streams import find_stream
@@ -122,9 +126,8 @@ def read_indices(
     shuffle = owner.options.shuffle
     order_seed = derive_seed(fields.seed, epoch, STAGE_ORDER) if shuffle else None
     order = epoch_order(len(owner.dataset), order_seed)
-    readers = fields.world * num_workers
-    index = reader_index(fields.rank, worker, num_workers)
-    return reader_share(order, index=index, readers=readers, equal=fields.world > 1)
+    ranks = reader_share(order, index=fields.rank, readers=fields.world, equal=fields.world > 1)
+    return reader_share(ranks, index=worker, readers=num_workers, equal=False)
 
 
 class PipelineIterator:
@@ -177,17 +180,26 @@ class PipelineIterator:
             ahead = max(ahead, STREAM_BATCHES * opts.batch_size)
         self._tagged = Tagged(read_ahead(source, ahead))
         node: BaseNode[Any] = self._tagged
+        # A map-style dataset's copies are counted for the rank and shared out (epoch_counts).
+        copies = None
+        if share is not None and is_map_style(dataset) and opts.echoes and not opts.adaptive:
+            if fields.indices is not None:  # the sampler's, this rank's share already
+                examples = len(fields.indices)
+            else:
+                examples = rank_examples(len(dataset), rank=fields.rank, world=fields.world)
+            shares = share_sizes(examples, max(num_workers, 1))
+            copies = split_copies(total_copies(opts, sum(shares), split=True), shares)[worker]
         batches = example_batches(node, opts, seed, per_example=per_example,
-                                  collate_fn=owner.collate_fn, length=share)  # fmt: skip
-        self._delivery = Delivery(batches, opts.batch_size, drop_last=opts.drop_last)
+                                  collate_fn=owner.collate_fn, length=share,
+                                  copies=copies)  # fmt: skip
+        self.root = Delivery(batches, opts.batch_size)
         self._pipe = info is not None and owner.pipe_small_batches
         collate_fn = owner.collate_fn
         if info is not None and collate_fn is default_collate:
             replaced = opts.batch_transform is not None
             collate_fn = WorkerCollate(replaced=replaced, piped=self._pipe)
-        self.root: BaseNode[Any] = Mapper(self._delivery, collate_fn)
-        if opts.batch_transform is not None:
-            self.root = Mapper(self.root, opts.batch_transform)
+        self._collate_fn = collate_fn
+        self._batch_transform = opts.batch_transform
         self._rng = RngScope(seed(STAGE_TRANSFORM), exclusive=info is not None)
         self._in_worker = info is not None
         self._worker = worker
@@ -196,11 +208,19 @@ class PipelineIterator:
         return self
 
     def __next__(self) -> tuple[Any, int, tuple[int, int]]:
+        delivery = self.root
         with self._rng:
-            batch = next(self.root)
+            items = next(delivery)
+            short = len(items) < delivery.batch_size
+            if not short:
+                batch = self._collate_fn(items)
+                if self._batch_transform is not None:
+                    batch = self._batch_transform(batch)
+        waiting = self._tagged.count - delivery.delivered
+        if short:  # the worker's last: batched with the other workers' (loader/remainders.py)
+            return Remainder(items, delivery.firsts), 0, (self._worker, waiting)
         wire = to_wire(batch) if self._pipe else batch
-        waiting = self._tagged.count - self._delivery.delivered
-        return wire, self._delivery.fresh, (self._worker, waiting)
+        return wire, delivery.fresh, (self._worker, waiting)
 
     def state_dict(self) -> dict[str, Any]:
         state = {"root": self.root.state_dict(), "rng": self._rng.state_dict()}

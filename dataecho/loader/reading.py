@@ -4,10 +4,11 @@ A map-style dataset is read in one order per epoch: the ``sampler``'s when one i
 ``DistributedSampler`` already holds this rank's share), else a seeded permutation
 (``shuffle=True``) or ``range(len(dataset))``. The order is split between the DataLoader
 workers by striding, so each example is read by exactly one worker per epoch. Without a
-sampler, a data-parallel run strides over ranks x workers instead, so no example is read by two
-ranks, and each epoch's order is cut to a multiple of that count: every reader gets the same
-number of examples, so the ranks take the same number of steps (at most ranks x workers - 1
-examples, a different random few each epoch, are skipped).
+sampler, a data-parallel run strides the order over the ranks first, as ``DistributedSampler``
+does, so no example is read by two ranks, and each epoch's order is cut to a multiple of the
+ranks: every rank gets the same number of examples, so the ranks take the same number of steps
+(at most ranks - 1 examples, a different random few each epoch, are skipped), whatever the
+workers.
 
 An iterable dataset is read as it is; as with ``torch.utils.data.DataLoader``, one used with
 workers or ranks must split itself (``torch.utils.data.get_worker_info``). Its own state, if it
@@ -59,7 +60,7 @@ def is_map_style(dataset: Any) -> bool:
 
 def reader_index(rank: int, worker: int, num_workers: int) -> int:
     """Which of a data-parallel run's ``world * num_workers`` readers worker ``worker`` of rank
-    ``rank`` is: the stride it reads (:func:`reader_share`) and the key its seeds derive from."""
+    ``rank`` is: the key its echo, shuffle and augmentation seeds derive from."""
     return rank * num_workers + worker
 
 

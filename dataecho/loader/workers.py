@@ -1,10 +1,12 @@
 """The worker boundary: the inner ``StatefulDataLoader`` as a node of the main-process chain.
 
 Each worker runs its own pipeline (:mod:`dataecho.loader.pipeline`) and sends ``(batch,
-fresh_count, (worker, waiting))``; this node unwraps the transport, adds the fresh counts to the
-loader's stats (at once, or when an adaptive stage reading ahead hands the batch on), keeps
-``stats.waiting_items`` at the sum of the workers' latest waiting counts, checkpoints through
-``StatefulDataLoader.state_dict`` and shuts the workers down at the epoch's end, or, with
+fresh_count, (worker, waiting))``; this node unwraps the transport, batches the workers' last
+short batches together once they all ended (:mod:`dataecho.loader.remainders`), adds the fresh
+counts to the loader's stats (at once, or when an adaptive stage reading ahead hands the batch
+on), keeps ``stats.waiting_items`` at the sum of the workers' latest waiting counts and the
+remainders held, checkpoints through ``StatefulDataLoader.state_dict`` (the remainders held
+beside it) and shuts the workers down at the epoch's end, or, with
 ``persistent_workers``, leaves them to :class:`PersistentWorkers`, which keeps them across
 epochs.
 """
@@ -17,14 +19,23 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torchdata.nodes import BaseNode
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from dataecho._structure import map_tensors
+from dataecho.loader.chains import MAIN_PROCESS
 from dataecho.loader.epoch_fields import EpochFields
 from dataecho.loader.lifetime import signals_after_forks
 from dataecho.loader.pipeline import PipelineDataset
+from dataecho.loader.remainders import Remainder, Remainders, last_batch
 from dataecho.loader.transport import from_wire
 from dataecho.stages import EchoStats
+from dataecho.stages.seeds import STAGE_TRANSFORM, derive_seed
+
+# The key the main process's merged batches of the workers' remainders draw their seeds under
+# (dataecho.loader.remainders): apart from every reader's index and from batch echoing's.
+MERGED_BATCHES = MAIN_PROCESS + 1
 
 
 class PersistentWorkers:
@@ -134,8 +145,11 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
         self._waiting: dict[int, int] = {}  # worker -> read, not yet delivered, as it last said
         # Only worker processes send small batches as pickled arrays (loader/transport.py).
         self._piped = loader.num_workers > 0 and pipeline.pipe_small_batches
+        self._pinned = loader.pin_memory and torch.cuda.is_available()
         self._it: Iterator[Any] | None = None
         self._stop: weakref.finalize | None = None
+        self._remainders: Remainders | None = None  # the workers' last short batches
+        self._ended = False  # every worker has ended this epoch
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -143,6 +157,15 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
         self.pending.clear()  # a resume re-reads what was read ahead but not handed out
         self._replays = 0
         self._waiting.clear()
+        fields, opts = self._pipeline.fields, self._pipeline.options
+        seed = derive_seed(fields.seed, fields.epoch, MERGED_BATCHES, STAGE_TRANSFORM)
+        last = last_batch(opts, pool_fills=self.counted_downstream)
+        self._remainders = Remainders(opts, self._pipeline.collate_fn, seed=seed, last=last)
+        self._ended = False
+        if initial_state is not None:
+            self._remainders.load_state_dict(initial_state["remainders"])
+            self._ended = bool(initial_state["ended"])
+            initial_state = initial_state["workers"]
         if self._persistent is not None:
             self._it = self._persistent.start_epoch(initial_state)
             return
@@ -159,33 +182,57 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
 
     def next(self) -> Any:
         with self._lock:
-            it = self._it
-            if it is None:  # closed: read by the reader thread of an epoch that has ended
-                raise StopIteration
-            try:
-                batch, fresh, (worker, waiting) = next(it)
-            except StopIteration:
-                if not self.counted_downstream:  # what is never delivered was not read for it
-                    self._stats.waiting_items = 0
-                raise
-            except BaseException:
-                if self._persistent is not None:  # the inner iterator's state is unknown now
-                    self._persistent.stop()
-                raise
-        if self._piped:
-            batch = from_wire(batch)
+            it, remainders = self._it, self._remainders
+            if it is None or remainders is None:  # closed: read by the reader thread of an
+                raise StopIteration  # epoch that has ended
+            while True:
+                try:
+                    batch, fresh, (worker, waiting) = self._next_of_workers(it)
+                except StopIteration:
+                    merged = remainders.next_batch()  # made here: nothing to unwrap
+                    if merged is None:
+                        if not self.counted_downstream:  # what is never delivered was not
+                            self._stats.waiting_items = 0  # read for it
+                        raise
+                    batch, fresh = merged
+                    if self._pinned:  # as the workers' batches come
+                        batch = map_tensors(batch, torch.Tensor.pin_memory)
+                    break
+                self._waiting[worker] = waiting
+                if not isinstance(batch, Remainder):
+                    if self._piped:
+                        batch = from_wire(batch)
+                    break
+                remainders.hold(batch)
         if self.counted_downstream:
             return batch  # the device's pool counts, and says what waits in it
         if self.deferred:
             self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
         else:
             self._stats.fresh_examples += fresh
-        self._waiting[worker] = waiting
-        self._stats.waiting_items = sum(self._waiting.values())
+        self._stats.waiting_items = sum(self._waiting.values()) + remainders.waiting
         return batch
 
+    def _next_of_workers(self, it: Iterator[Any]) -> Any:
+        """The workers' next item; StopIteration once they all ended (asked once only: then
+        the remainders are batched)."""
+        if self._ended:
+            raise StopIteration
+        try:
+            return next(it)
+        except StopIteration:
+            self._ended = True
+            raise
+        except BaseException:
+            if self._persistent is not None:  # the inner iterator's state is unknown now
+                self._persistent.stop()
+            raise
+
     def get_state(self) -> dict[str, Any]:
-        return self._loader.state_dict()
+        remainders = self._remainders
+        assert remainders is not None, "reset() first"
+        return {"workers": self._loader.state_dict(), "remainders": remainders.state_dict(),
+                "ended": self._ended}  # fmt: skip
 
     def close(self) -> None:
         if self._stop is not None:

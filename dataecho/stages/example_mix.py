@@ -17,7 +17,9 @@ copy came from (:class:`dataecho.loader.numbered.Numbered` before the echo stage
 :attr:`MixExamples.first_deliveries` counts the examples whose first copy has left the pool,
 so a loader counts an example fresh when it is first trained on (host bookkeeping as well).
 :meth:`MixExamples.drain` then ends a run at a budget of fresh examples with every copy of
-the examples delivered so far trained on, and none of those not yet delivered.
+the examples delivered so far trained on, and none of those not yet delivered. A loader with
+``drop_last`` also passes ``fill_to`` (its batch size): a shorter numbered batch, the epoch's
+last, is filled with its own rows again as it enters, each counted as the example it repeats.
 """
 
 from __future__ import annotations
@@ -87,8 +89,17 @@ class MixExamples(Stage[Any]):
         seed: int | None = None,
         device: str | torch.device | None = None,
         numbered: bool = False,
+        fill_to: int = 0,
     ) -> None:
         self.numbered = bool(numbered)
+        if fill_to and not self.numbered:
+            raise DataechoValueError(
+                f"fill_to={fill_to} without numbered=True: a filled batch's repeated rows count "
+                "as their originals only in a numbered pool; pass numbered=True"
+            )
+        self.fill_to = _validate.non_negative_int(
+            fill_to, name="fill_to", hint="pass the batch size, or 0 to take batches as they come"
+        )
         self.buffer_size = _validate.buffer_size(
             buffer_size, low=0, hint="use 0 (or 1) for no mixing"
         )
@@ -214,6 +225,12 @@ class MixExamples(Stage[Any]):
             empty = map_tensors(batch, lambda t: t.new_empty((0, *t.shape[1:])))
             self._slots = self._layout.to_words(empty)
         size = self._layout.size(batch)
+        of_row = np.arange(size)  # the batch's row each new slot holds
+        if 0 < size < self.fill_to:  # repeat its rows, as copies of the examples they hold
+            of_row = np.arange(self.fill_to) % size
+            repeat = torch.as_tensor(of_row, device=tensor_leaves(batch)[0].device)
+            batch = map_tensors(batch, lambda t: t.index_select(0, repeat))
+            size = self.fill_to
         self._follow_device()
         if len(self._free) < size:  # room for this batch, and for the pool to reach its size
             capacity = len(self._held)
@@ -223,7 +240,7 @@ class MixExamples(Stage[Any]):
         self._held[self._count : self._count + size] = filled
         self._count += size
         if self.numbered:
-            examples = number * ROWS + np.arange(size)
+            examples = number * ROWS + of_row
             self._example[filled] = examples
             if number > self._newest:  # a fresh batch, not a copy of one
                 self._newest = number

@@ -8,6 +8,10 @@ subsets of that size: sequential selection sampling (item ``i`` gets it with pro
 ``extra_left / (n - i)``), which is resumable from two counters. So every epoch has the same
 number of copies, and a training loop that reads ``len`` once sees every epoch whole.
 
+A loader that shares one count out over its workers gives each worker's stage its part as
+``copies`` (with ``length``): each item ``copies // length`` times, ``copies % length`` of them
+once more, drawn as above.
+
 ``n`` is the stage's ``length``, else ``len(source)`` (a list, a sized Dataset, a DataLoader's
 batch count), taken at each epoch's start. Items beyond ``n`` (a source longer than said) get
 no extra copy; a shorter one leaves some extra copies out. With ``n`` unknown (a stream, a
@@ -25,6 +29,7 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from dataecho import _validate
+from dataecho.errors import DataechoValueError
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item
 from dataecho.stages.packing import pack, unpack
@@ -55,6 +60,27 @@ def known_length(source: object) -> int | None:
         return None  # no __len__, or one that refuses (a DataLoader over an unsized stream)
 
 
+def _split_count(copies: int, length: int | None) -> tuple[int, int]:
+    """An epoch's ``copies`` of ``length`` items as (copies of each, items with one more)."""
+    if length is None:
+        raise DataechoValueError(
+            f"copies={copies} without a length: the copies of an epoch are shared out over "
+            "its items; pass length= (the items one epoch of the source has)"
+        )
+    copies = _validate.non_negative_int(
+        copies, name="copies", hint="pass the copies one epoch of `length` items yields"
+    )
+    if length == 0:
+        return 1, 0
+    whole, extra = divmod(copies, length)
+    if whole < 1:
+        raise DataechoValueError(
+            f"copies={copies} for length={length}: each item is emitted at least once, so "
+            f"an epoch has at least {length} copies; pass copies >= length"
+        )
+    return whole, extra
+
+
 class Echo(Stage[T]):
     """Repeat every item of ``source``; see :func:`echo`.
 
@@ -77,6 +103,7 @@ class Echo(Stage[T]):
         seed: int | None = None,
         copy: bool = True,
         length: int | None = None,
+        copies: int | None = None,
     ) -> None:
         self.factor = _validate.echo_factor(factor)
         if length is not None:
@@ -92,6 +119,9 @@ class Echo(Stage[T]):
         self._sized = source  # what len() is asked of, each epoch, when length is None
         self._whole = math.floor(self.factor)
         self._extra_prob = self.factor - self._whole
+        self._extra_count: int | None = None  # the extra copies of an epoch of `length`
+        if copies is not None:
+            self._whole, self._extra_count = _split_count(copies, length)
         self._pending: Any = None
         self._copies = 0  # copies of _pending in all
         self._remaining = 0  # copies of _pending still to emit
@@ -107,7 +137,12 @@ class Echo(Stage[T]):
         self._draining = False
         n = self.length if self.length is not None else known_length(self._sized)
         self._unseen = n
-        self._extra_left = 0 if n is None else extra_copies(self.factor, n)
+        if n is None:
+            self._extra_left = 0
+        elif self._extra_count is not None and n == self.length:
+            self._extra_left = self._extra_count
+        else:
+            self._extra_left = extra_copies(self.factor, n)
         self._seen = 0
         self._phase = self._rng.random() if n is None else 0.0
 
