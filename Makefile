@@ -13,7 +13,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # nginx serves the demo's shards (read over HTTP by dataecho itself: no curl needed).
 SYSTEM_PACKAGES := dataset-fashion-mnist nginx-light
 
-.PHONY: demo test lint format system-packages bench compat clean
+.PHONY: demo test lint format system-packages bench compat timm-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ bench: $(STAMP) system-packages
 # venv is deleted after. The README's install section shows the releases checked.
 compat: $(STAMP)
 	$(BIN)/python scripts/compat.py $(TORCH)
+
+# timm's own train.py with an EchoingDataLoader, stopped and resumed (a throwaway venv of about
+# 6 GB with torch 2.14.1 and torchvision 0.29.1, which timm needs; a few minutes on the CPU).
+# TRAIN_PY: timm's train.py (1.0.29 or later), which its wheel does not ship.
+timm-check: $(STAMP) system-packages
+	@test -n "$(TRAIN_PY)" || { echo "make timm-check TRAIN_PY=path/to/train.py: timm's train.py," \
+		"from a clone of huggingface/pytorch-image-models (timm's wheel does not ship it)"; exit 2; }
+	$(BIN)/python scripts/timm_check.py --train-py $(TRAIN_PY)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache

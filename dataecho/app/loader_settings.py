@@ -26,7 +26,10 @@ MAX_ECHO_FACTOR = 1024.0
 # 40, 100: benchmarks/augmentation, docs/demo.md) for a few MB of device memory.
 DEVICE_POOL_BATCHES = 40
 # The loader settings whose default the run derives (run_loader), and its words for the help.
-RUN_DEFAULTS = {"shuffle_buffer": f"{DEVICE_POOL_BATCHES} batches' worth with where=device, else 0"}
+RUN_DEFAULTS = {
+    "shuffle_buffer": f"{DEVICE_POOL_BATCHES} batches' worth with where=device, else the "
+    "loader's (10 batches' worth where examples are echoed, else 0)"
+}
 
 # The run's stricter checks of the loader's settings (LoaderOptions holds the rest): a
 # per-workload default for the batch size, and the limit above.
@@ -81,9 +84,9 @@ def run_loader(base: Any, flat: dict[str, Any], default_batch_size: int) -> Load
         changes[name] = checked(name, RUN_LOADER_CHECKS[name], changes[name])
     if changes.get("batch_size") is None:
         changes["batch_size"] = default_batch_size
-    if changes.get("shuffle_buffer") is None:
-        on_device = changes.get("where", LOADER_FIELDS["where"].default) == "device"
-        changes["shuffle_buffer"] = DEVICE_POOL_BATCHES * changes["batch_size"] if on_device else 0
+    on_device = changes.get("where", LOADER_FIELDS["where"].default) == "device"
+    if changes.get("shuffle_buffer") is None and on_device:
+        changes["shuffle_buffer"] = DEVICE_POOL_BATCHES * changes["batch_size"]
     return LoaderOptions(**changes)
 
 

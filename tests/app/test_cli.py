@@ -87,7 +87,10 @@ def test_train_from_local_shards_logs_each_evaluation_and_a_summary(small_dir, s
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert out[0].startswith(f"[e=2] upstream: shards on local disk: {shard_dir} (4 shards")
-    assert [line.split("|")[1].split()[1] for line in out[1:3]] == ["256", "512"]  # fresh
+    fresh = [int(line.split("|")[1].split()[1]) for line in out[1:3]]
+    # An evaluation at the first step past each 256 fresh examples (the shuffle buffer spreads
+    # first copies unevenly over steps); the budget's end exactly at 512.
+    assert 256 <= fresh[0] < 512 and fresh[1] == 512
     assert out[3].startswith("[e=2] done: test accuracy ") and out[3].endswith("no target")
     assert out[4].startswith("[e=2] 512 fresh + 512 echoed examples (echo 2.00x), 16 steps")
 

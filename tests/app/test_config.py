@@ -457,10 +457,16 @@ def test_a_run_on_the_device_mixes_through_its_default_pool_unless_told_otherwis
         DEVICE_POOL_BATCHES * 64
     )
     assert config_from(None, {"where": "device", "shuffle_buffer": "0"}).loader.shuffle_buffer == 0
-    assert TrainConfig(where="before_augment").loader.shuffle_buffer == 0
+    # On the host, the loader's own default: copies spread over 10 batches where echoed.
+    host = TrainConfig(where="before_augment", echo_factor=2, batch_size=64).loader
+    assert host.shuffle_buffer == 640
+    assert TrainConfig(where="batch", echo_factor=2).loader.shuffle_buffer == 0
     assert TrainConfig(where="device", shuffle_buffer=256).loader.shuffle_buffer == 256
     text = " ".join(next(o for o in options() if o.name == "shuffle_buffer").help.split())
-    assert f"(default: {DEVICE_POOL_BATCHES} batches' worth with where=device, else 0)" in text
+    assert (
+        f"(default: {DEVICE_POOL_BATCHES} batches' worth with where=device, else the loader's"
+        in text
+    )
 
 
 # --- values of the wrong shape, counts and rates without a ceiling before ----------------------

@@ -85,7 +85,7 @@ def test_plain_run_counts_fresh_steps_time_and_history(tiny):
 
 
 def test_echoing_takes_e_steps_per_fresh_batch_and_counts_copies_apart(tiny):
-    r = train(tiny(echo_factor=3.0), log=quiet)
+    r = train(tiny(echo_factor=3.0, shuffle_buffer=0), log=quiet)  # copies side by side
     assert r.fresh_examples == 1024 and r.echoed_examples == 2 * 1024
     assert r.steps == 3 * 1024 // 64 and r.realized_factor == 3.0
     assert [row["realized_factor"] for row in r.history] == [3.0, 3.0]
