@@ -35,6 +35,7 @@ from torchdata.nodes import BaseNode
 from dataecho._structure import map_tensors, tensors
 from dataecho.errors import DataechoValueError
 from dataecho.loader.options import check_takes_generator
+from dataecho.loader.rng_scope import batch_seed
 from dataecho.stages import EchoStats, copy_item
 
 
@@ -84,7 +85,8 @@ class ToDevice(BaseNode[Any]):
     """Moves each fresh batch of ``source`` to ``device`` once; see the module docstring.
 
     ``ahead``: keep the next batch's copy in flight while the current one is used (default:
-    on CUDA, when not read by a reader thread of its own). Its state is then the source's
+    on CUDA, when not read by a reader thread of its own), from the second batch of an epoch
+    on, so the first is handed on as soon as it is read. Its state is then the source's
     before that batch was read, so a resume reads it again rather than losing it; read ahead,
     its fresh examples wait in the workers node until a downstream stage counts them handed.
     ``stats.fresh_items`` counts the batches handed downstream.
@@ -106,6 +108,7 @@ class ToDevice(BaseNode[Any]):
         self._started = False  # the source was reset this epoch
         self._saved: Any = None  # the source's state as resumed
         self._failure: Exception | None = None  # raised by the read ahead, due next
+        self._first = True  # the epoch's (or the resume's) first batch is still to come
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -114,6 +117,7 @@ class ToDevice(BaseNode[Any]):
         if self._stream is not None:
             self._consumer_stream = torch.cuda.current_stream(self.device)
         self._next, self._before_next, self._failure = None, None, None
+        self._first = True
         self._ended = bool(initial_state and initial_state.get("ended"))
         self._saved = initial_state["source"] if initial_state else None
         self._started = not self._ended  # an ended epoch reads nothing more
@@ -123,7 +127,9 @@ class ToDevice(BaseNode[Any]):
     def next(self) -> Any:
         current = self._next if self._next is not None else self._read()
         self._next = None
-        if self.ahead and not self._ended and self._failure is None:
+        # Not before the first batch: it would wait for the second's read.
+        first, self._first = self._first, False
+        if self.ahead and not first and not self._ended and self._failure is None:
             self._before_next = self.source.state_dict()
             try:
                 self._next = self._read()
@@ -187,8 +193,11 @@ class ToDevice(BaseNode[Any]):
 
 class DeviceTransform(BaseNode[Any]):
     """Applies ``fn(batch, generator=g)`` to every copy (None: none), with ``g`` a
-    ``torch.Generator`` on ``device`` seeded with ``seed``; its state is checkpointed, so a
-    resume draws exactly what the uninterrupted run drew.
+    ``torch.Generator`` on ``device`` seeded anew for each batch from ``seed`` and the batch's
+    number (:func:`~dataecho.loader.rng_scope.batch_seed`). The checkpoint holds that number,
+    not the generator's state, which is a different size on each kind of device: a resume, on
+    the same kind of device, draws exactly what the uninterrupted run drew, and a checkpoint
+    taken on a GPU resumes on the CPU (with the CPU's draws from there on).
 
     It is the root of the device chain: it also puts on the device any tensor that a resume
     brought back from a checkpoint (:meth:`get_state` keeps every state tensor in host memory,
@@ -213,21 +222,25 @@ class DeviceTransform(BaseNode[Any]):
         self.fn = fn
         self.seed = int(seed)
         self.generator = torch.Generator(device=device)
+        self._batches = 0  # batches transformed this epoch
         self._fn_seconds = 0.0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         if initial_state is None:
             self.source.reset(None)
-            self.generator.manual_seed(self.seed)
+            self._batches = 0
         else:
             self.source.reset(initial_state["source"])
-            self.generator.set_state(torch.tensor(initial_state["generator"], dtype=torch.uint8))
+            self._batches = int(initial_state["batches"])
 
     def next(self) -> Any:
         batch = on_device(next(self.source), self.device)
         if self.fn is None:
             return batch
+        # Seeding sets the generator's seed and offset on the host: no device work, no sync.
+        self.generator.manual_seed(batch_seed(self.seed, self._batches))
+        self._batches += 1
         start = time.perf_counter()
         try:
             return self.fn(batch, generator=self.generator)
@@ -241,6 +254,5 @@ class DeviceTransform(BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         return {
             "source": to_host(self.source.state_dict()),
-            # Its bytes as a list: the state survives a JSON round trip.
-            "generator": self.generator.get_state().tolist(),
+            "batches": self._batches,
         }

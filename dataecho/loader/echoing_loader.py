@@ -416,9 +416,11 @@ class EchoingDataLoader(LoaderCheckpoint):
         else:
             workers = WorkersNode(self._inner, self._pipeline, self.stats,
                                   persistent=self._persistent, **workers_counting(opts))  # fmt: skip
-        epoch = self._epoch
+        # Each rank draws its own main-process randomness (the device's augmentation and pool,
+        # batch echoing's choices), as each rank's workers draw their own.
+        epoch, rank = self._epoch, self._pipeline.fields.rank
         root, counting = batch_stages(
-            workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, stage),
+            workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, rank, stage),
             device=self._device, fresh_batches=lambda: fresh_batches(self),
         )  # fmt: skip
         return root, workers, counting

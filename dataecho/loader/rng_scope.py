@@ -26,7 +26,7 @@ import torch
 _MASK63 = (1 << 63) - 1
 
 
-def _mix(base: int, counter: int) -> int:
+def batch_seed(base: int, counter: int) -> int:
     """A well-spread 63-bit seed for batch ``counter`` (splitmix64's finaliser)."""
     z = (base + (counter + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
@@ -44,7 +44,7 @@ class RngScope:
         self._saved: tuple[torch.Tensor, Any] | None = None
 
     def __enter__(self) -> RngScope:
-        s = _mix(self.seed, self.batches)
+        s = batch_seed(self.seed, self.batches)
         if self.exclusive:
             np.random.seed(s % 2**32)
         else:

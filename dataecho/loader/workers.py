@@ -158,7 +158,7 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
         self._replays = 0
         self._waiting.clear()
         fields, opts = self._pipeline.fields, self._pipeline.options
-        seed = derive_seed(fields.seed, fields.epoch, MERGED_BATCHES, STAGE_TRANSFORM)
+        seed = derive_seed(fields.seed, fields.epoch, MERGED_BATCHES, fields.rank, STAGE_TRANSFORM)
         last = last_batch(opts, pool_fills=self.counted_downstream)
         self._remainders = Remainders(opts, self._pipeline.collate_fn, seed=seed, last=last)
         self._ended = False

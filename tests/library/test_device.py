@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import assert_same_stream, run_test_save_load_state
+from conftest import assert_same_stream, run_test_save_load_state, torch_roundtrip
 from torch.utils.data import Dataset
 from torchdata.nodes import IterableWrapper
 
@@ -153,28 +153,48 @@ def test_each_epoch_draws_new_augmentations():
     assert not torch.equal(first[0], second[0])
 
 
-class CopyingAhead(EchoingDataLoader):
-    """The CUDA path's read-ahead (next fresh batch in flight), run on the CPU device."""
+class AheadOnCpu(ToDevice):
+    """The CUDA path's read-ahead (the next fresh batch in flight), forced on the CPU device;
+    it records how many batches it has read and whether one was in flight."""
 
-    def _copies_ahead(self) -> bool:
-        return True
+    made: list[AheadOnCpu] = []
+
+    def __init__(self, source, device, *, ahead):
+        super().__init__(source, device, ahead=True)
+        self.reads, self.in_flight = 0, 0
+        AheadOnCpu.made.append(self)
+
+    def _read(self):
+        flight = super()._read()
+        self.reads += 1
+        return flight
+
+    def next(self):
+        batch = super().next()
+        self.in_flight += self._next is not None
+        return batch
+
+
+@pytest.fixture
+def ahead_on_cpu(monkeypatch):
+    import dataecho.loader.chains as chains
+
+    AheadOnCpu.made = []
+    monkeypatch.setattr(chains, "ToDevice", AheadOnCpu)
+    return AheadOnCpu.made
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    ("loader_class", "num_workers", "factor"),
-    [
-        (EchoingDataLoader, 0, 2),
-        (EchoingDataLoader, 1, 1.5),
-        (EchoingDataLoader, 0, 1),
-        (CopyingAhead, 0, 2),
-        (CopyingAhead, 1, 1.5),
-    ],
+    ("ahead", "num_workers", "factor"),
+    [(False, 0, 2), (False, 1, 1.5), (False, 0, 1), (True, 0, 2), (True, 1, 1.5)],
 )
-def test_resume_at_every_position_continues_batches_and_draws(loader_class, num_workers, factor):
+def test_resume_at_every_position_continues_batches_and_draws(request, ahead, num_workers, factor):
+    made = request.getfixturevalue("ahead_on_cpu") if ahead else None
+
     def make():
-        return loader_class(
+        return EchoingDataLoader(
             Images(14),
             batch_size=3,
             echo_factor=factor,
@@ -194,6 +214,19 @@ def test_resume_at_every_position_continues_batches_and_draws(loader_class, num_
         end_may_start_next_epoch=True,
     )
     assert all(len(epoch) >= 5 for epoch in recorded)
+    if made is not None:  # the read-ahead was taken, not the plain path
+        assert made and sum(node.in_flight for node in made) > 0
+
+
+def test_the_read_ahead_hands_on_an_epochs_first_batch_before_reading_the_second(ahead_on_cpu):
+    loader = EchoingDataLoader(Images(12), batch_size=3, echo_factor=2, where="device",
+                               shuffle_buffer=0, seed=0)  # fmt: skip
+    it = iter(loader)
+    next(it)
+    (node,) = ahead_on_cpu
+    assert node.reads == 1  # the first batch waited for no other read
+    rest = list(it)
+    assert len(rest) == len(loader) - 1 and node.reads == 4 and node.in_flight > 0
 
 
 def test_read_ahead_node_resumes_exactly_and_raises_errors_in_order():
@@ -418,3 +451,33 @@ def test_through_the_pool_an_example_counts_fresh_when_its_first_copy_is_deliver
         assert resumed.stats.fresh_examples == len(seen)
     assert seen == set(range(40)) and resumed.stats.fresh_examples == 40
     assert resumed.stats.waiting_items == 0
+
+
+def test_data_parallel_ranks_draw_their_own_device_augmentations(monkeypatch):
+    # The same seed on two ranks: each reads its own share, and augments it with its own draws
+    # (the noise Jitter adds to an image of one value, position by position).
+    noise = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = device_loader(12, echo_factor=2, device_transform=Jitter())
+        x, y = next(iter(loader))
+        noise.append(x - y.float().view(-1, 1, 1, 1))
+    assert not torch.allclose(noise[0], noise[1])
+
+
+def test_a_device_checkpoint_holds_a_batch_number_not_a_generator_state_of_one_device():
+    # A CUDA generator's state is 16 bytes and a CPU one's 5,056: a state holding either loads
+    # on that kind of device only. The batch number resumes on any, exactly on the same kind.
+    def make():
+        return device_loader(12, echo_factor=2, shuffle_buffer=3, device_transform=Jitter())
+
+    whole = [x for x, _ in make()]
+    loader = make()
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    assert set(state["root"]) == {"source", "batches"} and state["root"]["batches"] == 2
+    resumed = make()
+    resumed.load_state_dict(torch_roundtrip(state))
+    assert all(torch.equal(a, b) for a, b in zip([x for x, _ in resumed], whole[2:], strict=True))
