@@ -73,7 +73,8 @@ class MixExamples(Stage[Any]):
     shape (:mod:`~dataecho.stages.batch_rows`). The pool lives on ``device`` (None: the first
     batch's); the draws are made on the host (module docstring). Emitted tensors are new
     (gathered). ``work_seconds``: time spent mixing (the source's waits excluded). State: a copy
-    of the pool, its held and free slots, the sizes still due and the generator's state.
+    of the pool in host memory, its held and free slots, the sizes still due and the generator's
+    state.
     """
 
     STAGE_ID = STAGE_MIX
@@ -297,7 +298,9 @@ class MixExamples(Stage[Any]):
         pool = None if self._layout is None else self._layout.from_words(self._slots)
         held = np.concatenate([self._held[: self._count], self._aside])  # a drain's too
         return {
-            "pool": None if pool is None else map_tensors(pool, lambda t: t.clone()),
+            # Copied to host memory at once: a clone on the device first would need the pool's
+            # memory twice there, and a pool sized to the device's memory would not fit.
+            "pool": None if pool is None else map_tensors(pool, _host_copy),
             # Plain lists: the state's bookkeeping survives a JSON round trip (the pool's rows
             # are the user's data, kept as they are).
             "held": held.tolist(),
@@ -329,6 +332,11 @@ class MixExamples(Stage[Any]):
         self._sizes = deque(int(s) for s in state["sizes"])
         self._exhausted = bool(state["exhausted"])
         self._saved_draws = state["draws"]
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in new host memory (one copy, wherever ``t`` is)."""
+    return t.clone() if t.device.type == "cpu" else t.cpu()
 
 
 def mix_examples(
