@@ -15,10 +15,18 @@ Each check is one row (name, passed, detail):
 - *reproducible*: two runs with the same seed give identical augmented batches.
 - *exact resume*: ``state_dict()`` taken mid-group (between copies of one fresh batch), loaded
   into a new loader, gives the rest of the run bit for bit.
+- *ranks' draws*: the same loader as rank 0 and as rank 1 of two (``RANK``/``WORLD_SIZE``):
+  the device transform's draws differ, so the ranks' augmentations are not the same.
+- *no host sync* (CUDA): iterating the device path, mixing pool included, with torch's sync
+  debug mode set to error: no operation per batch makes the host wait for the GPU.
+- *checkpoint memory* (CUDA): ``state_dict()`` of a loader whose pool is full adds less than
+  half the pool's size to the device's peak memory (the pool goes to host memory without a
+  device clone, which would add all of it).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -167,12 +175,99 @@ def reproducible_and_resumed(st: Setup, aug: Any) -> list[Check]:
     return rows
 
 
+def draws(batch: Any, generator: torch.Generator | None = None) -> list[Any]:
+    """A device transform that shows its draws: each image's first value replaced by one."""
+    images = batch[0].float().clone()
+    flat = images.view(len(images), -1)
+    flat[:, 0] = torch.rand(len(images), generator=generator, device=images.device)
+    return [images, *batch[1:]]
+
+
+def ranks_draws(st: Setup) -> list[Check]:
+    """The ranks' draws row: rank 0's and rank 1's first batches draw different numbers."""
+    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+    firsts = []
+    try:
+        for rank in (0, 1):
+            os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+            loader = build_loader(st.spec, st.data(), "device", st.e, draws)
+            images = next(iter(loader))[0]
+            firsts.append(images.reshape(len(images), -1)[:, 0].to("cpu"))
+            loader.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    same = torch.equal(firsts[0], firsts[1])
+    return [
+        (
+            "ranks' draws",
+            not same,
+            "rank 0 and rank 1 drew " + ("the same" if same else "different numbers"),
+        )
+    ]
+
+
+def no_host_sync(st: Setup, aug: Any) -> list[Check]:
+    """The no host sync row (CUDA): the device path's batches, after the first, under torch's
+    sync debug mode "error"."""
+    if st.spec.device.type != "cuda":
+        return []
+    loader = build_loader(st.spec, st.data(), "device_mixed", st.e, aug)
+    it = iter(loader)
+    next(it)  # the first batch sets up the pool and its layout
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rest = sum(1 for _ in it)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [("no host sync", True, f"{rest} batches without a host sync")]
+
+
+def checkpoint_memory(st: Setup, aug: Any) -> list[Check]:
+    """The checkpoint memory row (CUDA): the device's peak memory while ``state_dict()`` runs,
+    over what it held before, against the pool's size."""
+    if st.spec.device.type != "cuda":
+        return []
+    loader = build_loader(st.spec, st.data(), "device_mixed", st.e, aug)
+    it = iter(loader)
+    for _ in range(st.e * 2):
+        next(it)
+    torch.cuda.synchronize(st.spec.device)
+    before = torch.cuda.memory_allocated(st.spec.device)
+    torch.cuda.reset_peak_memory_stats(st.spec.device)
+    state = loader.state_dict()
+    extra = torch.cuda.max_memory_allocated(st.spec.device) - before
+    pool = sum(t.numel() * t.element_size() for t in _tensors(state) if t.dim() > 1)
+    loader.close()
+    # A clone of the pool on the device would add all of it; its gathers, a batch or two.
+    return [("checkpoint memory", extra < pool / 2,
+             f"state_dict() added {extra / 2**20:.1f} MiB to the device's peak; the pool is "
+             f"{pool / 2**20:.1f} MiB")]  # fmt: skip
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
 def run(st: Setup, aug: Any) -> list[Check]:
     """Every check, in order; a check that raises is a failed row naming the error."""
     checks: list[tuple[str, Callable[[], list[Check]]]] = [
         ("order and content", lambda: order_and_content(st)),
         ("fresh copies", lambda: fresh_copies(st, aug)),
         ("reproducible", lambda: reproducible_and_resumed(st, aug)),
+        ("ranks' draws", lambda: ranks_draws(st)),
+        ("no host sync", lambda: no_host_sync(st, aug)),
+        ("checkpoint memory", lambda: checkpoint_memory(st, aug)),
     ]
     rows: list[Check] = []
     for name, check in checks:
