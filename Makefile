@@ -42,8 +42,11 @@ demo: $(STAMP) system-packages
 # Two test processes, a file each at a time (a file's module fixtures are built once): most
 # tests wait on loader workers, nginx or ranks, so two share the two cores well. The files with
 # a test marked slow are handed out first (tests/conftest.py), in that order: no reordering.
+# Tests marked "alone" run after the others, on a machine left to them: the streaming
+# benchmark's tiny run stalled in a library's own loader while another test loaded both cores.
 test: $(STAMP) system-packages lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
 
 lint: $(STAMP)
 	$(BIN)/ruff check dataecho experiments benchmarks scripts tests

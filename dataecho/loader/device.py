@@ -10,8 +10,10 @@ without echoing; every copy is made, and augmented with its own random draws, on
 A fresh example counts (``stats.fresh_examples``) once its first copy leaves the pool, or,
 without one, once the echo stage hands its batch on.
 
-On CUDA, :class:`ToDevice` copies from pinned host memory (the inner loader pins in its own
-thread) with ``non_blocking`` copies on a side stream. Read on the training thread (a fixed
+On CUDA, :class:`ToDevice` copies from pinned host memory (with workers, the inner loader pins
+in a thread of its own; with ``num_workers=0`` it pins on the thread that reads, as
+:class:`ToDevice` does with a batch that comes unpinned) with ``non_blocking`` copies on a side
+stream. Read on the training thread (a fixed
 factor) it keeps the next fresh batch's copy in flight while the current one is echoed, and the
 training stream waits for a copy (``wait_event`` on the copy's event: the GPU waits, not the
 host) only when the batch is handed over. Read by ``"auto"``'s reader thread it waits for each

@@ -218,6 +218,7 @@ class PipelineIterator:
                     batch = self._batch_transform(batch)
         waiting = self._tagged.count - delivery.delivered
         if short:  # the worker's last: batched with the other workers' (loader/remainders.py)
+            items = to_wire(items) if self._pipe else items  # as a batch crosses
             return Remainder(items, delivery.firsts), 0, (self._worker, waiting)
         wire = to_wire(batch) if self._pipe else batch
         return wire, delivery.fresh, (self._worker, waiting)

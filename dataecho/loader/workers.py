@@ -199,11 +199,13 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
                         batch = map_tensors(batch, torch.Tensor.pin_memory)
                     break
                 self._waiting[worker] = waiting
-                if not isinstance(batch, Remainder):
-                    if self._piped:
-                        batch = from_wire(batch)
-                    break
-                remainders.hold(batch)
+                if isinstance(batch, Remainder):
+                    items = from_wire(batch.items) if self._piped else batch.items
+                    remainders.hold(Remainder(items, batch.firsts))
+                    continue
+                if self._piped:
+                    batch = from_wire(batch)
+                break
         if self.counted_downstream:
             return batch  # the device's pool counts, and says what waits in it
         if self.deferred:

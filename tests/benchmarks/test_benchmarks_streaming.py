@@ -57,6 +57,7 @@ def processes_naming(text: str) -> list[str]:
 
 @needs_data
 @needs_nginx
+@pytest.mark.alone
 @pytest.mark.timeout(180)
 def test_a_tiny_run_gives_the_table_and_leaves_nothing_behind(tmp_path):
     pytest.importorskip("webdataset")
