@@ -20,7 +20,8 @@ import platform
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -261,3 +262,18 @@ def ready_loader(batches: IterableDataset, workers: int) -> StatefulDataLoader:
         return StatefulDataLoader(
             batches, batch_size=None, num_workers=workers, snapshot_every_n_steps=NO_SNAPSHOTS
         )
+
+
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (the loader workers inherit it), restored after."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

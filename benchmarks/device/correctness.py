@@ -26,15 +26,16 @@ Each check is one row (name, passed, detail):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from benchmarks.common import environment
 from benchmarks.device.workload import LoaderSpec, PacedShapes, Scale, build_loader
 from dataecho import EchoingDataLoader
+from dataecho._structure import tensors
 
 Check = tuple[str, bool, str]
 
@@ -185,21 +186,13 @@ def draws(batch: Any, generator: torch.Generator | None = None) -> list[Any]:
 
 def ranks_draws(st: Setup) -> list[Check]:
     """The ranks' draws row: rank 0's and rank 1's first batches draw different numbers."""
-    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
     firsts = []
-    try:
-        for rank in (0, 1):
-            os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    for rank in (0, 1):
+        with environment({"RANK": str(rank), "WORLD_SIZE": "2"}):
             loader = build_loader(st.spec, st.data(), "device", st.e, draws)
             images = next(iter(loader))[0]
             firsts.append(images.reshape(len(images), -1)[:, 0].to("cpu"))
             loader.close()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     same = torch.equal(firsts[0], firsts[1])
     return [
         (
@@ -240,23 +233,12 @@ def checkpoint_memory(st: Setup, aug: Any) -> list[Check]:
     torch.cuda.reset_peak_memory_stats(st.spec.device)
     state = loader.state_dict()
     extra = torch.cuda.max_memory_allocated(st.spec.device) - before
-    pool = sum(t.numel() * t.element_size() for t in _tensors(state) if t.dim() > 1)
+    pool = sum(t.numel() * t.element_size() for t in tensors(state) if t.dim() > 1)
     loader.close()
     # A clone of the pool on the device would add all of it; its gathers, a batch or two.
     return [("checkpoint memory", extra < pool / 2,
              f"state_dict() added {extra / 2**20:.1f} MiB to the device's peak; the pool is "
              f"{pool / 2**20:.1f} MiB")]  # fmt: skip
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
 
 
 def run(st: Setup, aug: Any) -> list[Check]:

@@ -44,7 +44,6 @@ from benchmarks.streaming import data
 from benchmarks.streaming.libraries import (
     NAMES,
     Library,
-    environment,
     s3_environment,
 )
 from benchmarks.streaming.measure import (
@@ -215,7 +214,7 @@ def run(
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dataecho-stream-")))
         libs = serve(stack, s, root, t_down)
         mosaic = libs["mosaic"].server.url if "mosaic" in libs else None  # its port stays
-        stack.enter_context(environment({**s3_environment(mosaic), **LITDATA_ENV}))
+        stack.enter_context(common.environment({**s3_environment(mosaic), **LITDATA_ENV}))
         stack.enter_context(warnings.catch_warnings())
         # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on.
         warnings.filterwarnings("ignore", message=".*set_vital.*")

@@ -20,7 +20,6 @@ The library's own loader without echo: mosaic's and litdata's ``StreamingDataLoa
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 import tempfile
 import uuid
@@ -178,21 +177,6 @@ def split(batch: Any) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         images = images.unsqueeze(1)
     ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
     return images, torch.as_tensor(labels, dtype=torch.int64), ids
-
-
-@contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``values`` set (the loader workers inherit it), restored after."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextmanager

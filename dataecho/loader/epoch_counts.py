@@ -46,9 +46,10 @@ def whole_batches(copies: int, examples: int, batch_size: int) -> int:
 
 
 def total_copies(opts: LoaderOptions, examples: int, *, split: bool) -> int:
-    """The copies one epoch of a rank's ``examples`` yields at the example level: exact at a
-    fixed factor, the most ``"auto"`` can give. ``split``: the loader shares the count out over
-    the workers (:func:`split_copies`), which ``drop_last`` then rounds (:func:`whole_batches`)."""
+    """The copies one epoch of ``examples`` items yields (a rank's examples, or its fresh
+    batches for batch echoing): exact at a fixed factor, the most ``"auto"`` can give.
+    ``split``: the loader shares the count out over the workers (:func:`split_copies`), which
+    ``drop_last`` then rounds (:func:`whole_batches`)."""
     if not opts.echoes:
         return examples
     if opts.adaptive:

@@ -11,7 +11,6 @@ count is the most it can yield (every item ``floor(max_echo_factor)`` times).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from dataecho.errors import DataechoTypeError
@@ -19,7 +18,7 @@ from dataecho.loader.epoch_counts import fresh_batch_count, rank_examples, total
 from dataecho.loader.options import LoaderOptions
 from dataecho.loader.reading import data_parallel_rank, is_map_style
 from dataecho.loader.upstream_loader import is_loader
-from dataecho.stages.fixed_echo import epoch_copies, known_length
+from dataecho.stages.fixed_echo import known_length
 
 
 def _batches(copies: int, opts: LoaderOptions) -> int:
@@ -48,20 +47,11 @@ def fresh_batches(loader: Any) -> int | None:
     return None if examples is None else fresh_batch_count(examples, loader.options)
 
 
-def _echoed(items: int, opts: LoaderOptions) -> int:
-    """Batches an echo of whole batches emits for ``items`` fresh ones."""
-    if not opts.echoes:
-        return items
-    if opts.adaptive:
-        return items * math.floor(opts.max_echo_factor)
-    return epoch_copies(float(opts.echo_factor), items)
-
-
 def epoch_batches(loader: Any) -> int:
     """Batches ``loader`` (an ``EchoingDataLoader``) yields in one epoch."""
     opts: LoaderOptions = loader.options
     if is_loader(loader.dataset):  # the user's loader: its batches, echoed
-        return _echoed(len(loader.dataset), opts)
+        return total_copies(opts, len(loader.dataset), split=False)
     examples = _examples(loader)
     if examples is None:
         raise DataechoTypeError(
@@ -70,6 +60,6 @@ def epoch_batches(loader: Any) -> int:
             "DataLoader); give the dataset a __len__, or iterate without len()"
         )
     if opts.batch_level:  # whole batches echoed in the main process
-        return _echoed(fresh_batch_count(examples, opts), opts)
+        return total_copies(opts, fresh_batch_count(examples, opts), split=False)
     split = is_map_style(loader.dataset)  # the loader shares the copies out (epoch_counts)
     return _batches(total_copies(opts, examples, split=split), opts)

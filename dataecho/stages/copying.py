@@ -41,26 +41,17 @@ def copy_item(item: Any) -> Any:
     if cls is dict:
         return {k: copy_item(v) for k, v in item.items()}
     if cls is torch.Tensor:
-        return _clone(item)
+        return item.clone()
     if cls in _IMMUTABLE:
         return item
     return map_leaves(item, _copy_leaf, keep_types=True)
-
-
-def _clone(t: torch.Tensor) -> torch.Tensor:
-    """``t.clone()``, in pinned memory where ``t`` is pinned: a loader's pinned batch, whose
-    copies the training loop moves to the GPU with ``non_blocking=True``, which stays
-    asynchronous only from pinned memory."""
-    if t.device.type == "cpu" and t.is_pinned():
-        return torch.empty_like(t, pin_memory=True).copy_(t)
-    return t.clone()
 
 
 def _copy_leaf(item: Any) -> Any:
     if isinstance(item, _IMMUTABLE):
         return item
     if isinstance(item, torch.Tensor):
-        return _clone(item)
+        return item.clone()
     if isinstance(item, np.ndarray):
         return item.copy()
     if isinstance(item, np.generic):

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import needs_nginx
+from test_reliability_resume import synthetic
 
 from dataecho.app.sources.nginx import NginxServer
 from dataecho.app.sources.retrying import (
@@ -42,10 +42,8 @@ N, PER_SHARD = 80, 40
 def shards(tmp_path_factory):
     """Two real image shards of 40 records and their manifest."""
     out = tmp_path_factory.mktemp("shards")
-    rng = np.random.default_rng(3)
-    labels = rng.integers(0, 10, N)
-    write_image_shards(rng.integers(0, 256, (N, 28, 28), dtype=np.uint8), labels, out,
-                       examples_per_shard=PER_SHARD)  # fmt: skip
+    images, labels = synthetic(N, seed=3)
+    write_image_shards(images, labels, out, examples_per_shard=PER_SHARD)
     return out, labels.tolist()
 
 
