@@ -8,7 +8,9 @@ Sections (one process, cases interleaved in rounds; report in bench-results/devi
 1. correctness of ``where="device"``: each fresh batch of the no-echo loader e times in a row,
    counts fresh / out / batches; on a GPU, the same batches and counts as ``device="cpu"``;
    the shift-and-flip copies of one fresh batch differ and share no memory; same seed, same
-   batches; a resume from ``state_dict()`` continues bit for bit.
+   batches; a resume from ``state_dict()`` continues bit for bit; two ranks draw different
+   augmentations; the time of a ``state_dict()`` per step; on CUDA, no host sync per batch,
+   a checkpoint's peak device memory and pinned host-side copies.
 2. steps/s at e = 1, 2, 4, 8 of host-side batch echo (``where="batch"``, augmented in the
    worker, each copy sent to the device again) vs device-side echo (``where="device"``, each
    copy augmented on the device; and, from e = 2, with the copies' examples mixed across

@@ -85,7 +85,10 @@ def main(argv: list[str]) -> int:
     parts: list[str] = []
     failed = False
     if 1 in a.sections:
-        text, failed = correctness_section(device, aug, have_device)
+        sized = correctness.Setup(
+            LoaderSpec(a.batch_size, a.workers, device), shape, fresh_batches=20
+        )
+        text, failed = correctness_section(device, aug, have_device, sized)
         parts.append(text)
     plan = Plan(LoaderSpec(a.batch_size, a.workers, device), a.warmup, a.duration, a.rounds)
     if 2 in a.sections:
@@ -106,12 +109,15 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def correctness_section(device: torch.device, aug: Any, have_device: bool) -> tuple[str, bool]:
-    """Section 1's text, and whether a check failed."""
+def correctness_section(
+    device: torch.device, aug: Any, have_device: bool, sized: correctness.Setup
+) -> tuple[str, bool]:
+    """Section 1's text, and whether a check failed; ``sized``: the run's images and batch,
+    for the state per step."""
     if not have_device:
         return "## 1. Correctness\n\nSkipped: this dataecho has no where='device'.", False
     setup = correctness.Setup(LoaderSpec(16, 1, device, shuffle=True), (3, 16, 16))
-    checks = correctness.run(setup, aug)
+    checks = correctness.run(setup, aug, sized)
     table = [[name, "pass" if ok else "FAIL", detail] for name, ok, detail in checks]
     text = f"## 1. Correctness ({device.type}, e = {setup.e})\n\n" + common.markdown_table(
         ["check", "result", "detail"], table, "lll"

@@ -22,10 +22,17 @@ Each check is one row (name, passed, detail):
 - *checkpoint memory* (CUDA): ``state_dict()`` of a loader whose pool is full adds less than
   half the pool's size to the device's peak memory (the pool goes to host memory without a
   device clone, which would add all of it).
+- *pinned copies* (CUDA): host-side batch echo (``where="batch"``, ``pin_memory=True``) hands
+  on every copy in pinned memory, so the loop's ``non_blocking`` copy to the GPU is
+  asynchronous.
+- *state per step* (measured, any device): the time of ``state_dict()`` with the device's pool
+  full, against the time of one batch of that loader: what ``--checkpoint-on-exit``, which
+  takes the state before each wait for a batch, adds per step.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -241,8 +248,50 @@ def checkpoint_memory(st: Setup, aug: Any) -> list[Check]:
              f"{pool / 2**20:.1f} MiB")]  # fmt: skip
 
 
-def run(st: Setup, aug: Any) -> list[Check]:
-    """Every check, in order; a check that raises is a failed row naming the error."""
+def pinned_copies(st: Setup, aug: Any) -> list[Check]:
+    """The pinned copies row (CUDA): every tensor of every batch of host-side batch echo."""
+    if st.spec.device.type != "cuda":
+        return []
+    batches = _collect(build_loader(st.spec, st.data(), "host", st.e, aug))
+    unpinned = sum(not t.is_pinned() for batch in batches for t in tensors(batch))
+    return [("pinned copies", unpinned == 0,
+             f"{unpinned} of {sum(len(b) for b in batches)} tensors not pinned")]  # fmt: skip
+
+
+def state_per_step(st: Setup, aug: Any, rounds: int = 10) -> list[Check]:
+    """The state per step row: ms of ``state_dict()`` with the pool full, and of a batch
+    (the fastest of ``rounds`` each: the upstream is not paced)."""
+    loader = build_loader(st.spec, st.data(), "device_mixed", st.e, aug)
+    it = iter(loader)
+    batch_s, state_s = [], []
+    sync = torch.cuda.synchronize if st.spec.device.type == "cuda" else lambda: None
+    try:
+        for _ in range(2 * st.e):  # the pool fills
+            next(it)
+        for _ in range(rounds):
+            sync()
+            start = time.perf_counter()
+            loader.state_dict()
+            state_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            try:
+                next(it)
+            except StopIteration:
+                break
+            sync()
+            batch_s.append(time.perf_counter() - start)
+    finally:
+        loader.close()
+    state_ms, batch_ms = 1e3 * min(state_s), 1e3 * min(batch_s)
+    return [("state per step", True,
+             f"measured: state_dict() {state_ms:.2f} ms, a batch {batch_ms:.2f} ms "
+             f"({state_ms / batch_ms:.1f}x a batch)")]  # fmt: skip
+
+
+def run(st: Setup, aug: Any, sized: Setup | None = None) -> list[Check]:
+    """Every check, in order; a check that raises is a failed row naming the error.
+    ``sized``: the throughput section's images and batch, for the state per step (default:
+    ``st``)."""
     checks: list[tuple[str, Callable[[], list[Check]]]] = [
         ("order and content", lambda: order_and_content(st)),
         ("fresh copies", lambda: fresh_copies(st, aug)),
@@ -250,6 +299,8 @@ def run(st: Setup, aug: Any) -> list[Check]:
         ("ranks' draws", lambda: ranks_draws(st)),
         ("no host sync", lambda: no_host_sync(st, aug)),
         ("checkpoint memory", lambda: checkpoint_memory(st, aug)),
+        ("pinned copies", lambda: pinned_copies(st, aug)),
+        ("state per step", lambda: state_per_step(sized or st, aug)),
     ]
     rows: list[Check] = []
     for name, check in checks:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks import common
-from benchmarks.device.workload import DeviceStep, LoaderSpec, build_loader, to_device
+from benchmarks.device.workload import DeviceStep, GpuTimed, LoaderSpec, build_loader, to_device
 
 TARGET = 0.95
 
@@ -32,6 +32,7 @@ class Window:
     in_next: float = 0.0  # seconds in next(loader) and the host-to-device call
     wait: float = 0.0  # of those, the loader's own count of waiting for data (stats)
     compute: float = 0.0  # seconds in the step
+    gpu_aug: float = 0.0  # on CUDA, the device transform's GPU seconds (CUDA events)
     per_round: list[float] = field(default_factory=list)  # steps/s of each round
 
     def __add__(self, other: Window) -> Window:
@@ -54,8 +55,9 @@ class Plan:
 
 def window(plan: Plan, data: Any, mode: str, e: float, aug: Any, step: DeviceStep) -> Window:
     """Train ``step`` on ``mode``'s loader at ``e``: warm up, then count ``plan.duration`` s."""
-    loader = build_loader(plan.spec, data, mode, e, aug)
     device = plan.spec.device
+    timed = GpuTimed(aug) if device.type == "cuda" and mode.startswith("device") else None
+    loader = build_loader(plan.spec, data, mode, e, aug if timed is None else timed)
     it = iter(loader)
     try:
         warm_until, steps = time.perf_counter() + plan.warmup, 0
@@ -63,6 +65,8 @@ def window(plan: Plan, data: Any, mode: str, e: float, aug: Any, step: DeviceSte
             step(*to_device(next(it), device))
             steps += 1
         w = Window()
+        if timed is not None:
+            timed.take()  # the warm-up's
         stats = loader.stats
         fresh0, out0, wait0 = stats.fresh_items, stats.items_out, stats.wait_seconds
         start = time.perf_counter()
@@ -75,6 +79,8 @@ def window(plan: Plan, data: Any, mode: str, e: float, aug: Any, step: DeviceSte
             w.compute += step(*batch)
             w.steps += 1
         w.wall = time.perf_counter() - start
+        if timed is not None:
+            w.gpu_aug = timed.take()
         w.fresh, w.out = stats.fresh_items - fresh0, stats.items_out - out0
         w.wait = stats.wait_seconds - wait0
         w.per_round = [w.rate]
@@ -117,7 +123,9 @@ HEADERS = [
 ]
 LEGEND = (
     "step ms: the step's mean time in the run; aug ms: time per step in next(loader) that was "
-    "not waiting for data (the device transform, on the training thread); wait %: the "
+    "not waiting for data (the device transform, on the training thread), or on CUDA for the "
+    "device modes the device transform's GPU time (CUDA events), which the step ms, waiting "
+    "for its stream, also holds; wait %: the "
     "loader's count of waiting for data (stats.wait_seconds), of the wall time; x no echo: "
     "steps/s over host e = 1's, paired by round; target: 0.95 x min(e, R)."
 )
@@ -142,7 +150,7 @@ def rows(windows: dict[tuple[str, int], Window], ratio: float) -> list[list[str]
                 str(e),
                 f"{w.rate:.1f}{spread}",
                 f"{1e3 * w.compute / steps:.2f}",
-                f"{1e3 * max(0.0, w.in_next - w.wait) / steps:.2f}",
+                f"{1e3 * (w.gpu_aug or max(0.0, w.in_next - w.wait)) / steps:.2f}",
                 f"{100 * w.wait / w.wall:.1f}",
                 f"{w.fresh / w.wall:,.0f}",
                 f"{w.out / w.fresh:.2f}" if w.fresh else "-",

@@ -137,6 +137,31 @@ def augmentation() -> tuple[Any, str]:
     return op, f"dataecho.augment.{op!r}"
 
 
+class GpuTimed:
+    """``op`` with its GPU time measured by CUDA events around each call, on the stream it runs
+    on: timed on the host, an op on CUDA costs only its kernel launches, and its work lands in
+    whatever waits for the stream next (the step). :meth:`take` syncs once and returns the
+    seconds since the last take."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def __call__(self, batch: Any, generator: torch.Generator | None = None) -> Any:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = self.op(batch, generator=generator)
+        end.record()
+        self._events.append((start, end))
+        return out
+
+    def take(self) -> float:
+        events, self._events = self._events, []
+        if events:
+            events[-1][1].synchronize()
+        return sum(a.elapsed_time(b) for a, b in events) / 1e3
+
+
 class Scale:
     """Deterministic device transform: uint8 images to float 0..1, labels passed through."""
 

@@ -288,7 +288,8 @@ class TrainConfig:
         False, Bool(), "checkpoints",
         "on SIGINT (Ctrl-C) or SIGTERM write a final checkpoint at the step reached (the loader "
         "state matching the model), then stop; needs checkpoint-dir (data parallel: every rank "
-        "stops after the same exchange)",
+        "stops after the same exchange). It takes the loader's state before each wait for a "
+        "batch: with where=device, a copy of the mixing pool to host memory per step",
     )  # fmt: skip
     progress: bool = _opt(
         False, Bool(), "output",

@@ -12,7 +12,10 @@ loader state says were delivered. The loop passes two such points on every step:
 - waiting for the next batch: the model has finished every delivered batch. A signal here
   interrupts the wait at once (an upstream may stall, or retry for a minute); the checkpoint
   holds the loader state taken just before the wait, so a batch that arrived together with the
-  signal is delivered again after a resume, never skipped and never trained on twice.
+  signal is delivered again after a resume, never skipped and never trained on twice. The
+  state is taken before every wait, signal or not: a copy of what the loader holds in the
+  training process (with ``where="device"``, its pool, to host memory), the measured cost of
+  stopping at once (docs/faults-and-resume.md, "Signals").
 - after a step (with its evaluation and periodic checkpoint): a signal during them only set a
   flag, so the step is never cut in half; the loop stops here.
 

@@ -142,6 +142,7 @@ def batch_stages(
     *,
     device: Any = None,
     fresh_batches: Callable[[], int | None] = lambda: None,
+    pinned: bool = False,
 ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
     """The main process's chain over the workers' batches, and its counting stage: the stage
     whose fresh batches count once it hands them on (:func:`workers_counting`), or whose first
@@ -149,7 +150,9 @@ def batch_stages(
 
     ``device``: the ``torch.device`` of ``where="device"``. ``fresh_batches``: the batches the
     workers deliver this epoch, so that a fractional factor gives a fixed number of them an
-    extra copy (and the epoch the ``len`` says).
+    extra copy (and the epoch the ``len`` says). ``pinned``: the workers' batches come pinned
+    (``pin_memory``), and so must the host's copies of them, for the training loop's
+    ``non_blocking`` copy to the GPU.
     """
     if opts.where not in ("batch", "device"):
         return workers, None
@@ -158,7 +161,8 @@ def batch_stages(
         # Into the device's pool, copies need not be separate objects: the pool copies their
         # rows into its slots, and every batch it emits is gathered anew.
         copy = opts.copy and not counts_first_deliveries(opts)
-        return echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=fresh_batches())
+        return echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=fresh_batches(),
+                          pinned=pinned and opts.where == "batch")  # fmt: skip
 
     if opts.where == "batch":
         node = batch_echo(workers) if opts.echoes else workers
@@ -215,6 +219,7 @@ def echo_stage(
     copy: bool | None = None,
     length: int | None = None,
     copies: int | None = None,
+    pinned: bool = False,
 ) -> BaseNode[Any]:
     """The echo stage the options ask for: fixed factor, or adaptive for "auto".
 
@@ -222,7 +227,8 @@ def echo_stage(
     items ``source`` delivers in the epoch, so that a fractional factor gives exactly its share
     of extra copies (see :mod:`dataecho.stages.fixed_echo`); "auto" needs none. ``copies``:
     the exact copies of those items, where the loader counts them for all workers at once
-    (:mod:`dataecho.loader.epoch_counts`).
+    (:mod:`dataecho.loader.epoch_counts`). ``pinned``: copies of pinned tensors are pinned
+    (main process only).
     """
     copy = opts.copy if copy is None else copy
     if opts.adaptive:
@@ -237,9 +243,10 @@ def echo_stage(
             # The batcher takes a whole batch at once: a read-ahead shorter than a batch would
             # make it reuse while fresh examples are on their way, and hold the reader thread back.
             queue_size=16 if opts.batch_level else max(16, 2 * opts.batch_size),
+            pinned=pinned,
         )
     factor = cast(float, opts.echo_factor)  # a number: not "auto"
-    return Echo(source, factor, seed=seed, copy=copy, length=length, copies=copies)
+    return Echo(source, factor, seed=seed, copy=copy, length=length, copies=copies, pinned=pinned)
 
 
 def close_chain(node: Any) -> None:

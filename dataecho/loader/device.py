@@ -19,13 +19,18 @@ training stream waits for a copy (``wait_event`` on the copy's event: the GPU wa
 host) only when the batch is handed over. Read by ``"auto"``'s reader thread it waits for each
 copy to land on that thread instead, so a batch counts as arrived only once it is on the device
 and the training thread never blocks on a transfer. Each copied tensor is ``record_stream``-ed
-on the training stream, so the caching allocator does not hand its memory to the next copy
-while training still reads it. This CUDA path has not been run on a GPU yet; the CPU device
+on the training stream (the one current as the batch is handed over; for ``"auto"``'s reader
+thread, the one current as the epoch started), so the caching allocator does not hand its
+memory to the next copy while training still reads it. ``"auto"`` keeps up to 16 fresh
+batches in its read-ahead queue, here on the device: 16 batches' memory at most, held only
+while the consumer is slower than the workers. The workers start with the echo device as
+CUDA's current device, which is the one torch's pin thread pins for. This CUDA path has not been run on a GPU yet; the CPU device
 runs the same nodes, with plain pass-through moves (``tests/library/test_device.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +66,15 @@ def resolve_device(name: str) -> torch.device:
             # torch's stubs type device.index as int; it is None for a bare "cuda".
             device = torch.device("cuda", torch.cuda.current_device())  # type: ignore[unreachable]
     return device
+
+
+def as_current(device: torch.device | None) -> contextlib.AbstractContextManager[Any]:
+    """Inside: ``device`` is CUDA's current device (else nothing changes). The epoch starts
+    its workers in it, because torch's pin thread pins for the device current at the start:
+    a loader on ``cuda:1`` would otherwise open a context on GPU 0 in every process."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def to_host(state: Any) -> Any:
@@ -102,7 +116,7 @@ class ToDevice(BaseNode[Any]):
         self.stats = EchoStats(unit="batches")
         cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device=device) if cuda else None
-        self._consumer_stream: Any = None
+        self._consumer_stream: Any = None  # the training thread's, as its epoch started
         self._consumer_thread = 0
         self._next: _InFlight | None = None  # read ahead, its copy in flight
         self._before_next: Any = None  # the source's state before _next was read
@@ -172,11 +186,16 @@ class ToDevice(BaseNode[Any]):
         """The batch, safe to use on the training stream."""
         if flight.landed is None:
             return flight.batch
-        stream = self._consumer_stream
         if threading.get_ident() == self._consumer_thread:
+            # The stream it trains on now: a loop may switch streams within an epoch.
+            stream = torch.cuda.current_stream(self.device)
             stream.wait_event(flight.landed)  # the GPU waits for the copy, not the host
         else:
-            flight.landed.synchronize()  # a reader thread: arrived once it is on the device
+            # A reader thread: arrived once it is on the device. It cannot see the training
+            # thread's stream of the moment; the one its epoch started on is kept from
+            # reusing the memory too early.
+            stream = self._consumer_stream
+            flight.landed.synchronize()
         for t in tensors(flight.batch):
             if t.device.type == "cuda":
                 t.record_stream(stream)  # freed only once the training stream is done with it

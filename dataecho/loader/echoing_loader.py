@@ -37,7 +37,7 @@ from dataecho.loader.chains import (
 )
 from dataecho.loader.checkpointing import LoaderCheckpoint
 from dataecho.loader.dataset_transform import warn_identical_copies
-from dataecho.loader.device import resolve_device
+from dataecho.loader.device import as_current, resolve_device
 from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
 from dataecho.loader.inner import inner_loader, prefetch_depth
 from dataecho.loader.length import epoch_batches, fresh_batches
@@ -376,7 +376,8 @@ class EchoingDataLoader(LoaderCheckpoint):
         saved = resume.get("indices") if resume is not None else None
         self._pipeline.fields.prepare(self._epoch, self.seed, self.sampler, saved)
         root, workers, counting = self._build_root()
-        root.reset(resume["root"] if resume else None)
+        with as_current(self._device):  # the pin thread's device (loader/device.py)
+            root.reset(resume["root"] if resume else None)
         settled = handed_on(counting) if counting is not None else 0
         workers.replaying(getattr(counting, "replayed_reads", 0))  # an adaptive stage's resume
         if resume is None:
@@ -419,9 +420,12 @@ class EchoingDataLoader(LoaderCheckpoint):
         # Each rank draws its own main-process randomness (the device's augmentation and pool,
         # batch echoing's choices), as each rank's workers draw their own.
         epoch, rank = self._epoch, self._pipeline.fields.rank
+        # Pinned by the inner loader, or by a DataLoader passed as the dataset.
+        pins = self.pin_memory or bool(getattr(self.dataset, "pin_memory", False))
         root, counting = batch_stages(
             workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, rank, stage),
             device=self._device, fresh_batches=lambda: fresh_batches(self),
+            pinned=pins and torch.cuda.is_available(),
         )  # fmt: skip
         return root, workers, counting
 

@@ -7,7 +7,7 @@ name only the functions.
 
 from dataecho.stages.adaptive import AdaptiveEcho, adaptive_echo
 from dataecho.stages.base import Stage, as_node
-from dataecho.stages.copying import copy_item
+from dataecho.stages.copying import copy_item, copy_pinned
 from dataecho.stages.example_mix import MixExamples, mix_examples
 from dataecho.stages.fixed_echo import Echo, echo
 from dataecho.stages.shuffle_buffer import Shuffle, shuffle
@@ -25,6 +25,7 @@ __all__ = [
     "adaptive_echo",
     "as_node",
     "copy_item",
+    "copy_pinned",
     "echo",
     "mix_examples",
     "shuffle",

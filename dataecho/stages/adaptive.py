@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 from dataecho import _validate
 from dataecho.stages.background import END, ERROR, BackgroundReader
 from dataecho.stages.base import Stage
-from dataecho.stages.copying import copy_item
+from dataecho.stages.copying import copy_item, copy_pinned
 from dataecho.stages.packing import pack, unpack
 from dataecho.stages.reuse_pool import ReusePool
 from dataecho.stages.seeds import STAGE_ADAPTIVE
@@ -65,7 +65,10 @@ ANCHOR_EVERY = 32
 
 
 class AdaptiveEcho(Stage[T]):
-    """Fresh items first, reuse only while upstream is late; see :func:`adaptive_echo`."""
+    """Fresh items first, reuse only while upstream is late; see :func:`adaptive_echo`.
+
+    ``pinned``: a copy of a pinned tensor is pinned too (:func:`~dataecho.stages.copy_pinned`;
+    main process only)."""
 
     STAGE_ID = STAGE_ADAPTIVE
     STATE_KEYS = ("skip", "buffer", "counts", "done")
@@ -81,6 +84,7 @@ class AdaptiveEcho(Stage[T]):
         seed: int | None = None,
         copy: bool = True,
         queue_size: int = 16,
+        pinned: bool = False,
     ) -> None:
         self.max_factor = _validate.echo_factor(max_factor, name="max_factor")
         hint = "the reuse buffer keeps the last buffer_size fresh items; 1 reuses only the latest"
@@ -90,6 +94,7 @@ class AdaptiveEcho(Stage[T]):
         self.queue_size = _validate.buffer_size(queue_size, low=1, name="queue_size", hint=hint)
         super().__init__(source, seed=_validate.seed(seed))
         self.copy = bool(copy)
+        self._copy_item = copy_pinned if pinned else copy_item
         self._limit = math.floor(self.max_factor)  # emissions allowed per item, fresh one included
         self._pool = ReusePool(self.buffer_size, self._limit, self.policy)
         self._producer: BackgroundReader | None = None
@@ -134,7 +139,7 @@ class AdaptiveEcho(Stage[T]):
             chosen = self._pool.pick(self._rng)  # O(log buffer_size): see ReusePool
             if chosen is not None:
                 self.stats.items_out += 1
-                return copy_item(chosen) if self.copy else chosen
+                return self._copy_item(chosen) if self.copy else chosen
             item, payload = self._wait()
         if item is END or item is ERROR:
             if item is END:
@@ -157,7 +162,7 @@ class AdaptiveEcho(Stage[T]):
             return item
         self._pool.add(item)
         # The buffer keeps the original pristine; every emission is its own copy.
-        return copy_item(item) if self.copy else item
+        return self._copy_item(item) if self.copy else item
 
     def _wait(self) -> tuple[Any, Any]:
         """Block for the next queue entry. Only called when nothing may be reused: a stall."""

@@ -47,6 +47,23 @@ def copy_item(item: Any) -> Any:
     return map_leaves(item, _copy_leaf, keep_types=True)
 
 
+def copy_pinned(item: Any) -> Any:
+    """:func:`copy_item`, with a copy of a pinned tensor in pinned memory too.
+
+    Why: a training loop copies a host batch to the GPU with ``non_blocking=True``, which is
+    asynchronous only from pinned memory; a plain ``clone()`` of a pinned batch is not pinned,
+    and its copy would block the host. For the main process only: ``is_pinned()`` asks the
+    accelerator's runtime, which a forked worker must not start.
+    """
+    return map_leaves(item, _copy_leaf_pinned, keep_types=True)
+
+
+def _copy_leaf_pinned(item: Any) -> Any:
+    if isinstance(item, torch.Tensor) and item.is_pinned():
+        return torch.empty_like(item, pin_memory=True).copy_(item)
+    return _copy_leaf(item)
+
+
 def _copy_leaf(item: Any) -> Any:
     if isinstance(item, _IMMUTABLE):
         return item

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from dataecho import _validate
 from dataecho.errors import DataechoValueError
 from dataecho.stages.base import Stage
-from dataecho.stages.copying import copy_item
+from dataecho.stages.copying import copy_item, copy_pinned
 from dataecho.stages.packing import pack, unpack
 from dataecho.stages.seeds import STAGE_ECHO
 
@@ -88,6 +88,9 @@ class Echo(Stage[T]):
     copies of it are still due, and the selection's two counters (items of the epoch not yet
     drawn for, extra copies still to give; None and 0 when the length is unknown), so a resume
     neither re-reads nor skips an item and gives the same extra copies.
+
+    ``pinned``: a copy of a pinned tensor is pinned too (:func:`~dataecho.stages.copy_pinned`;
+    main process only).
     """
 
     STAGE_ID = STAGE_ECHO
@@ -104,6 +107,7 @@ class Echo(Stage[T]):
         copy: bool = True,
         length: int | None = None,
         copies: int | None = None,
+        pinned: bool = False,
     ) -> None:
         self.factor = _validate.echo_factor(factor)
         if length is not None:
@@ -115,6 +119,7 @@ class Echo(Stage[T]):
             )
         super().__init__(source, seed=_validate.seed(seed))
         self.copy = bool(copy)
+        self._copy_item = copy_pinned if pinned else copy_item
         self.length = length
         self._sized = source  # what len() is asked of, each epoch, when length is None
         self._whole = math.floor(self.factor)
@@ -185,7 +190,7 @@ class Echo(Stage[T]):
         item = self._pending
         if self._copies > 1 and self.copy:
             # Every copy is a fresh object; the original stays pristine for the next ones.
-            item = copy_item(item)
+            item = self._copy_item(item)
         if self._remaining == 0:
             self._pending = None
         return item

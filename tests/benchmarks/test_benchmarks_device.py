@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -51,7 +52,12 @@ def test_quick_cpu_run_passes_its_checks_and_reports_every_case(tmp_path, capsys
         "fresh copies",
         "reproducible",
         "exact resume",
+        "ranks' draws",
+        "state per step",
     }
+    state = next(r[2] for r in checks if r[0] == "state per step")
+    assert re.fullmatch(r"measured: state_dict\(\) [\d.]+ ms, a batch [\d.]+ ms \([\d.]+x a batch\)",
+                        state), state  # fmt: skip
     assert code == 0
     modes = ("host", "device", "device_mixed")
     assert [(r[0], r[1]) for r in steps] == [

@@ -12,7 +12,7 @@ import torch
 from conftest import run_test_save_load_state
 from PIL import Image
 
-from dataecho.stages import copy_item, echo, shuffle
+from dataecho.stages import Echo, copy_item, copy_pinned, echo, shuffle
 
 Pair = namedtuple("Pair", ["image", "label"])
 
@@ -104,6 +104,25 @@ def test_copy_item_shares_no_mutable_memory(name, make, change, snap) -> None:
     change(dup)
     assert snap(dup) != before, "the change must be visible on the changed copy"
     assert snap(item) == before
+
+
+@pytest.mark.parametrize(("name", "make", "change", "snap"), CASES, ids=IDS)
+def test_copy_pinned_shares_no_mutable_memory_either(name, make, change, snap) -> None:
+    item = make()
+    before = snap(item)
+    dup = copy_pinned(item)
+    assert type(dup) is type(item)
+    change(dup)
+    assert snap(item) == before and snap(dup) != before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_a_pinned_batchs_echoed_copies_stay_pinned() -> None:
+    batch = (torch.arange(12.0).pin_memory(), torch.zeros(3, dtype=torch.long).pin_memory())
+    copies = list(Echo([batch], 3, seed=0, pinned=True))
+    assert all(t.is_pinned() for c in copies for t in c)
+    assert len({c[0].data_ptr() for c in copies} | {batch[0].data_ptr()}) == 4
+    assert not any(t.is_pinned() for c in Echo([batch], 3, seed=0) for t in c)
 
 
 @pytest.mark.parametrize("factor", [2, 3])
