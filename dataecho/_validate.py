@@ -16,6 +16,7 @@ There are two forms of one set of rules:
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import numbers
 import os
@@ -385,3 +386,21 @@ class OptionalCallable(Check):
                 f"{type(value).__name__}"
             )
         return value
+
+
+def check_takes_generator(fn: Callable[..., Any]) -> None:
+    """Refuse a ``device_transform`` that cannot be called as ``fn(batch, generator=g)``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    if any(p.name == "generator" and p.kind is not p.POSITIONAL_ONLY for p in params):
+        return
+    raise DataechoTypeError(
+        f"device_transform={fn!r} takes no generator= argument: it is called as "
+        "fn(batch, generator=g) so its random draws are seeded and resumed with the loader; "
+        "add a generator=None parameter and draw from it (e.g. torch.rand(..., generator="
+        "generator)), or use an op of dataecho.augment"
+    )

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataecho._validate import Bool, Choice, Int, Real
+from dataecho._validate import Bool, Int, Real
 from dataecho.app import demo, workloads
 from dataecho.app.config import COUNT_WHY, MAX_COUNT, MAX_SEQ_LEN, SEQ_LEN_WHY
 from dataecho.app.config_file import config_from, flag, options
@@ -94,7 +94,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
             group.add_argument(flag(f.name), action=argparse.BooleanOptionalAction,
                                default=None, help=help_text)  # fmt: skip
         else:
-            choices = check.choices if isinstance(check, Choice) else None
+            choices = getattr(check, "choices", None)  # Choice's, or the insertion points'
             metavar = None if choices else check.metavar
             group.add_argument(flag(f.name), default=None, choices=choices, metavar=metavar,
                                help=help_text)  # fmt: skip

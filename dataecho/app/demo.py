@@ -38,6 +38,7 @@ from dataecho.app.sources.nginx import NginxNotFoundError, find_nginx
 from dataecho.app.train import TrainConfig, train
 from dataecho.app.upstream import prepare
 from dataecho.loader import WHERE_CHOICES
+from dataecho.loader.points import point_named
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "dataecho"
 DEFAULT_TARGET, QUICK_TARGET = 0.85, 0.3
@@ -51,14 +52,14 @@ HOST_SHUFFLE_BATCHES = 10
 
 def shuffle_batches(where: str) -> int:
     """The demo's post-echo shuffle buffer for ``where``, in batches' worth."""
-    return DEVICE_POOL_BATCHES if where == "device" else HOST_SHUFFLE_BATCHES
+    return DEVICE_POOL_BATCHES if point_named(where).on_device else HOST_SHUFFLE_BATCHES
 
 
 def shuffle_buffer(where: str, batches: int | None, batch_size: int) -> int:
     """``batches`` (None: the demo's for ``where``) in ``where``'s unit: whole batches for
     "batch", else examples (the device's mixing too)."""
     batches = shuffle_batches(where) if batches is None else batches
-    return batches * (1 if where == "batch" else batch_size)
+    return batches * (1 if point_named(where).buffer_unit == "batches" else batch_size)
 
 
 # The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the

@@ -73,7 +73,7 @@ class LiftedTransform:
 def lifts(opts: Any) -> bool:
     """Whether the loader's options leave a dataset's own transform to be run per copy."""
     return (
-        opts.where == "before_augment"
+        opts.point.lifts_dataset_transform
         and opts.echoes
         and opts.transform is None
         and opts.batch_transform is None

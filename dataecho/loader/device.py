@@ -40,8 +40,8 @@ import torch
 from torchdata.nodes import BaseNode
 
 from dataecho._structure import map_tensors, tensors
+from dataecho._validate import check_takes_generator
 from dataecho.errors import DataechoValueError
-from dataecho.loader.options import check_takes_generator
 from dataecho.loader.rng_scope import batch_seed
 from dataecho.stages import EchoStats, copy_item
 

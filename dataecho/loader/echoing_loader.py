@@ -33,7 +33,6 @@ from dataecho.loader.chains import (
     batch_stages,
     close_chain,
     handed_on,
-    workers_counting,
 )
 from dataecho.loader.checkpointing import LoaderCheckpoint
 from dataecho.loader.dataset_transform import warn_identical_copies
@@ -241,7 +240,7 @@ class EchoingDataLoader(LoaderCheckpoint):
             )  # fmt: skip
         self.options = options
         if is_loader(dataset):  # the user's own loader: its batches are the upstream
-            check_loader_upstream(dataset, options.where, self.num_workers)
+            check_loader_upstream(dataset, options, self.num_workers)
         # DataLoader's attributes, as Lightning and other frameworks read them.
         self.dataset = dataset
         self.batch_size = self.options.batch_size
@@ -265,7 +264,7 @@ class EchoingDataLoader(LoaderCheckpoint):
         opts = self.options
         # where="device": the device batches are echoed on (checked here, where it must exist).
         # LoaderOptions derives opts.device for where="device": it is a str there.
-        self._device = resolve_device(cast(str, opts.device)) if opts.where == "device" else None
+        self._device = resolve_device(cast(str, opts.device)) if opts.point.on_device else None
         self._pipeline = PipelineDataset(
             dataset, opts, self.collate_fn, persistent_workers=self.persistent_workers
         )
@@ -413,10 +412,10 @@ class EchoingDataLoader(LoaderCheckpoint):
         opts = over_stream(self.options, self._pipeline.stream)
         workers: WorkersNode | LoaderUpstream
         if is_loader(self.dataset):
-            workers = LoaderUpstream(self.dataset, self.stats, **workers_counting(opts))
+            workers = LoaderUpstream(self.dataset, self.stats, **opts.point.counting(opts))
         else:
             workers = WorkersNode(self._inner, self._pipeline, self.stats,
-                                  persistent=self._persistent, **workers_counting(opts))  # fmt: skip
+                                  persistent=self._persistent, **opts.point.counting(opts))  # fmt: skip
         # Each rank draws its own main-process randomness (the device's augmentation and pool,
         # batch echoing's choices), as each rank's workers draw their own.
         epoch, rank = self._epoch, self._pipeline.fields.rank

@@ -7,7 +7,6 @@ every check once. A field left None takes a default derived from the others, nam
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
@@ -28,21 +27,18 @@ from dataecho._validate import (
     OptionalCallable,
     Real,
     checked,
+    one_of,
 )
 from dataecho.errors import DataechoTypeError, DataechoValueError
+from dataecho.loader.points import POINTS, InsertionPoint, point_named
+from dataecho.loader.points.base import SPREAD_BATCHES
 from dataecho.loader.reading import is_map_style
 
-WHERE_CHOICES = ("before_augment", "after_augment", "batch", "device")
-# Insertion points whose echo stage repeats whole batches, in the training process.
-BATCH_LEVEL = ("batch", "device")
-DEFAULT_DEVICE = "cpu"  # where="device" without device=: the same code path, on the host
+# The insertion points' names, as registered (dataecho.loader.points).
+WHERE_CHOICES = tuple(POINTS)
+
 REUSE_POLICIES = ("uniform", "latest", "fewest")
 AUTO = "auto"
-# The default post-echo shuffle buffer where examples are echoed, in batches' worth: copies
-# spread over about as many batches; as few fresh examples to a target as 40 batches' worth
-# (benchmarks/augmentation), with a first batch after 10 / e batches' reads and the originals of
-# 10 / e batches held per worker (benchmarks/spread).
-SPREAD_BATCHES = 10
 # The most batches a worker keeps in flight by default: a huge echo factor would otherwise
 # ask for that many times DataLoader's depth, all held in memory.
 MAX_PREFETCH = 32
@@ -52,6 +48,22 @@ MAX_PREFETCH_FACTOR = 256
 
 def _setting(check: Check, help: str, default: Any = MISSING) -> Any:
     return field(default=default, metadata={"check": check, "help": help})
+
+
+class Where(Check):
+    """The name of a registered insertion point (:data:`dataecho.loader.points.POINTS`)."""
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The names registered now (a flag's choices, as :class:`Choice`'s)."""
+        return tuple(POINTS)
+
+    @property
+    def metavar(self) -> str:  # type: ignore[override]  # read only, as Check's is in use
+        return "{" + ",".join(self.choices) + "}"
+
+    def check(self, name: str, value: Any) -> str | None:
+        return one_of(value, self.choices, name=name)
 
 
 class DeviceName(Check):
@@ -126,7 +138,7 @@ class LoaderOptions:
         None,
     )
     where: str = _setting(
-        Choice(WHERE_CHOICES),
+        Where(),
         "insertion point of the echo stage: before_augment (each copy augmented on its own: "
         "by transform or batch_transform, else by the dataset's own torchvision-style or "
         "Hugging Face transform, lifted out of __getitem__), after_augment (identical copies), "
@@ -212,15 +224,14 @@ class LoaderOptions:
         return self.echo_factor == AUTO
 
     @property
-    def batch_level(self) -> bool:
-        """True where the echo stage repeats whole batches (where="batch" or "device")."""
-        return self.where in BATCH_LEVEL
+    def point(self) -> InsertionPoint:
+        """The insertion point ``where`` names: every per-point decision is its own."""
+        return point_named(self.where)
 
     @property
-    def shuffles_batches(self) -> bool:
-        """True where the post-echo shuffle buffer holds whole batches (where="batch"); on the
-        device it mixes the batches' examples, so it counts examples, as the host points do."""
-        return self.where == "batch"
+    def batch_level(self) -> bool:
+        """True where the echo stage repeats whole batches, in the training process."""
+        return self.point.batch_level
 
     @property
     def echoes(self) -> bool:
@@ -232,51 +243,12 @@ class LoaderOptions:
         for f in fields(self):
             if "check" in f.metadata:
                 set_(self, f.name, checked(f.name, f.metadata["check"], getattr(self, f.name)))
-        batches = self.batch_level
-        derived = {
-            # Example echoing spreads each example's copies over batches by default (the
-            # method's better variant); batch echoing repeats whole batches, apart already.
-            "shuffle_buffer": SPREAD_BATCHES * self.batch_size
-            if self.echoes and not batches
-            else 0,
-            "reuse_buffer": 1 if batches else self.batch_size,
-            # Examples: copies spread evenly over the buffer, as a fixed factor spreads them.
-            "reuse_policy": "latest" if batches else "fewest",
-            # "auto" reads ahead on its own; batch echoing leaves the worker's work as without.
-            "read_ahead": self.batch_size if self.echoes and not (self.adaptive or batches) else 0,
-        }
-        if self.where == "device":
-            derived["device"] = DEFAULT_DEVICE
+        derived = self.point.defaults(self)
         taken = frozenset(name for name in derived if getattr(self, name) is None)
         for name in taken:
             set_(self, name, derived[name])
         set_(self, "_derived", taken)
-        self._check_device_fields()
-        if self.batch_transform is not None and self.where == "after_augment":
-            raise DataechoValueError(
-                "batch_transform runs after batching, so with where='after_augment' the echoed "
-                "copies would be augmented apart; pass the augmentation as transform= (per "
-                "example) for identical copies, or use where='before_augment'"
-            )
-
-    def _check_device_fields(self) -> None:
-        if self.where == "device":
-            if self.device_transform is not None:
-                check_takes_generator(self.device_transform)
-            return
-        if self.device is not None:
-            raise DataechoValueError(
-                f"device={self.device!r} applies to where='device' only (the echo stage runs "
-                f"on that device), but where={self.where!r}; pass where='device' to echo on "
-                f"{self.device!r}, or drop device= (batches stay on the host)"
-            )
-        if self.device_transform is not None:
-            raise DataechoValueError(
-                f"device_transform={self.device_transform!r} augments each copy on the "
-                f"device, only with where='device', but where={self.where!r}; pass "
-                "where='device' (and device='cuda' or 'cpu'), or pass the augmentation as "
-                "batch_transform= (run in the workers)"
-            )
+        self.point.check(self)
 
     def as_given(self) -> dict[str, Any]:
         """The fields as they were passed: None where a default was derived."""
@@ -300,24 +272,6 @@ def _document(cls: type) -> None:
 
 
 _document(LoaderOptions)
-
-
-def check_takes_generator(fn: Callable[..., Any]) -> None:
-    """Refuse a ``device_transform`` that cannot be called as ``fn(batch, generator=g)``."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: trust it
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    if any(p.name == "generator" and p.kind is not p.POSITIONAL_ONLY for p in params):
-        return
-    raise DataechoTypeError(
-        f"device_transform={fn!r} takes no generator= argument: it is called as "
-        "fn(batch, generator=g) so its random draws are seeded and resumed with the loader; "
-        "add a generator=None parameter and draw from it (e.g. torch.rand(..., generator="
-        "generator)), or use an op of dataecho.augment"
-    )
 
 
 def default_prefetch(opts: LoaderOptions) -> int:

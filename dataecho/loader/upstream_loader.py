@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 from torchdata.nodes import BaseNode
@@ -23,6 +23,9 @@ from dataecho.loader.reading import is_stateful
 from dataecho.loader.workers import DeferredCounts
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
+
+if TYPE_CHECKING:
+    from dataecho.loader.options import LoaderOptions
 
 
 def is_loader(obj: Any) -> bool:
@@ -93,12 +96,12 @@ class LoaderUpstream(DeferredCounts, BaseNode[Any]):
             shutdown()
 
 
-def check_loader_upstream(loader: DataLoader, where: str, num_workers: int) -> None:
+def check_loader_upstream(loader: DataLoader, opts: LoaderOptions, num_workers: int) -> None:
     """Refuse what a loader upstream cannot do, before anything starts."""
     name = type(loader).__name__
-    if where not in ("batch", "device"):
+    if not opts.point.takes_loader:
         raise DataechoValueError(
-            f"where={where!r} over a {name}: a loader hands over whole batches, which only "
+            f"where={opts.where!r} over a {name}: a loader hands over whole batches, which only "
             'batch echoing can repeat; pass where="batch" (or "device"), or pass the loader\'s '
             "dataset instead to echo examples"
         )

@@ -177,10 +177,10 @@ class AheadOnCpu(ToDevice):
 
 @pytest.fixture
 def ahead_on_cpu(monkeypatch):
-    import dataecho.loader.chains as chains
+    import dataecho.loader.points.batches as batches
 
     AheadOnCpu.made = []
-    monkeypatch.setattr(chains, "ToDevice", AheadOnCpu)
+    monkeypatch.setattr(batches, "ToDevice", AheadOnCpu)
     return AheadOnCpu.made
 
 

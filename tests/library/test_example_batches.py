@@ -14,8 +14,8 @@ from torch.utils.data import Dataset
 from torchdata.nodes import Batcher, IterableWrapper, Mapper
 
 from dataecho import EchoingDataLoader
-from dataecho.loader.chains import OnItem
 from dataecho.loader.example_batches import ExampleBatches
+from dataecho.loader.points.common import OnItem
 from dataecho.stages import Echo, copy_item
 from dataecho.stages.copying import copy_items
 

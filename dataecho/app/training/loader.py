@@ -21,9 +21,10 @@ def make_loader(
     the workers' batches come in pinned memory, for the loop's ``non_blocking`` copy.
     """
     device = device or torch.device("cpu")
-    changes = {"device": str(device)} if cfg.where == "device" else {}
+    point = cfg.loader.point
+    changes = {"device": str(device)} if point.on_device else {}
     augmentations = (data.transform, data.batch_transform, data.device_transform)
-    if cfg.where == "before_augment" and all(a is None for a in augmentations):
+    if point.lifts_dataset_transform and all(a is None for a in augmentations):
         # Nothing augments this workload's examples (char-lm in memory): their copies are
         # identical by design, as after_augment says (the same pipeline, without the loader's
         # warning about identical copies).

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
 from dataecho.errors import DataechoValueError
+from dataecho.loader.points import point_named
 
 
 class SmallCNN(nn.Module):
@@ -181,9 +182,10 @@ class FashionMNISTCNN(Workload):
         # a call per example, and on the device for where="device". The workers shift and flip
         # uint8 batches and the step normalises them (loss): a float32 batch is 4x the bytes
         # that every copy would carry from the worker to the training process.
-        if cfg.where == "device":
+        point = point_named(cfg.where)
+        if point.on_device:
             return Transforms(device_transform=device_augment(cfg.augment_pad))
-        if cfg.where == "after_augment":
+        if point.identical_copies:
             return Transforms(transform=Augment(pad=cfg.augment_pad))
         return Transforms(batch_transform=augment.ShiftFlip(cfg.augment_pad))
 
