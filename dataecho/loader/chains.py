@@ -1,7 +1,7 @@
 """The two sides of the worker boundary, as the insertion point builds them
 (:mod:`dataecho.loader.points`): :func:`example_batches` (in :mod:`dataecho.loader.pipeline`)
 and :func:`batch_stages` (in :mod:`dataecho.loader.echoing_loader`). Here too: the main
-process's seed key, what the fresh count has been handed, closing and draining a chain.
+process's seed key, closing and draining a chain.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from torchdata.nodes import BaseNode
 
 from dataecho.loader.device import DeviceTransform
 from dataecho.loader.read_ahead import stop_read_ahead
-from dataecho.stages import MixExamples
 from dataecho.stages.adaptive import AdaptiveEcho
 
 if TYPE_CHECKING:
@@ -43,16 +42,6 @@ def example_batches(
     """
     return opts.point.worker_batches(node, opts, seed, per_example=per_example,
                                      collate_fn=collate_fn, length=length, copies=copies)  # fmt: skip
-
-
-def handed_on(counting: Any) -> int:
-    """What the counting stage has handed on so far: examples first delivered by a pool,
-    else fresh batches."""
-    return (
-        counting.first_deliveries
-        if isinstance(counting, MixExamples)
-        else counting.stats.fresh_items
-    )
 
 
 def batch_stages(

@@ -32,12 +32,12 @@ from dataecho.loader.chains import (
     MAIN_PROCESS,
     batch_stages,
     close_chain,
-    handed_on,
 )
 from dataecho.loader.checkpointing import LoaderCheckpoint
 from dataecho.loader.dataset_transform import warn_identical_copies
 from dataecho.loader.device import as_current, resolve_device
 from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
+from dataecho.loader.fresh_count import FreshCount
 from dataecho.loader.inner import inner_loader, prefetch_depth
 from dataecho.loader.length import epoch_batches, fresh_batches
 from dataecho.loader.options import (
@@ -374,13 +374,12 @@ class EchoingDataLoader(LoaderCheckpoint):
             self._epoch += 1
         saved = resume.get("indices") if resume is not None else None
         self._pipeline.fields.prepare(self._epoch, self.seed, self.sampler, saved)
-        root, workers, counting = self._build_root()
+        root, count, counting = self._build_root()
         with as_current(self._device):  # the pin thread's device (loader/device.py)
             root.reset(resume["root"] if resume else None)
-        settled = handed_on(counting) if counting is not None else 0
-        workers.replaying(getattr(counting, "replayed_reads", 0))  # an adaptive stage's resume
+        count.start(counting)
         if resume is None:
-            return EpochStart(root, workers, counting, settled, [])
+            return EpochStart(root, count, [])
         try:
             first = next(root)
         except StopIteration:
@@ -402,20 +401,18 @@ class EchoingDataLoader(LoaderCheckpoint):
                 f"{self._epoch} has batches of that epoch left: call "
                 f"set_epoch({self._epoch}) to finish it first"
             )
-        return EpochStart(root, workers, counting, settled, [first], resume["yielded"])
+        return EpochStart(root, count, [first], resume["yielded"])
 
-    def _build_root(
-        self,
-    ) -> tuple[BaseNode[Any], WorkersNode | LoaderUpstream, BaseNode[Any] | None]:
-        """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), its workers
-        node, and its counting stage (or None)."""
+    def _build_root(self) -> tuple[BaseNode[Any], FreshCount, BaseNode[Any] | None]:
+        """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), the epoch's
+        fresh count, and its counting stage (or None)."""
         opts = over_stream(self.options, self._pipeline.stream)
+        count = FreshCount(self.stats, **opts.point.counting(opts))
         workers: WorkersNode | LoaderUpstream
         if is_loader(self.dataset):
-            workers = LoaderUpstream(self.dataset, self.stats, **opts.point.counting(opts))
+            workers = LoaderUpstream(self.dataset, count)
         else:
-            workers = WorkersNode(self._inner, self._pipeline, self.stats,
-                                  persistent=self._persistent, **opts.point.counting(opts))  # fmt: skip
+            workers = WorkersNode(self._inner, self._pipeline, count, persistent=self._persistent)
         # Each rank draws its own main-process randomness (the device's augmentation and pool,
         # batch echoing's choices), as each rank's workers draw their own.
         epoch, rank = self._epoch, self._pipeline.fields.rank
@@ -426,7 +423,7 @@ class EchoingDataLoader(LoaderCheckpoint):
             device=self._device, fresh_batches=lambda: fresh_batches(self),
             pinned=pins and torch.cuda.is_available(),
         )  # fmt: skip
-        return root, workers, counting
+        return root, count, counting
 
     def close(self) -> None:
         """Stop the workers now: done at the end of each epoch too, except with

@@ -15,9 +15,8 @@ from typing import Any, NamedTuple
 
 from torchdata.nodes import BaseNode
 
-from dataecho.loader.chains import close_chain, drain_stage, handed_on
-from dataecho.loader.upstream_loader import LoaderUpstream
-from dataecho.loader.workers import WorkersNode
+from dataecho.loader.chains import close_chain, drain_stage
+from dataecho.loader.fresh_count import FreshCount
 from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
 
@@ -38,9 +37,7 @@ class EpochStart(NamedTuple):
     """What starting an epoch gives its iterator."""
 
     root: BaseNode[Any]
-    workers: WorkersNode | LoaderUpstream
-    counting: Any  # the stage whose fresh batches count once handed on (see WorkersNode), or None
-    settled: int  # the counting stage's fresh batches already counted (a resumed epoch's)
+    fresh: FreshCount  # the epoch's fresh examples, counted as batches are handed out
     first: list[Any]  # a first batch already taken (a resumed epoch's), or none
     yielded: int = 0  # batches of this epoch handed out before (a resumed epoch's)
 
@@ -67,10 +64,8 @@ class EpochIterator:
         self.superseded = False
         self._start: Callable[[], Any] | None = start
         self._first: list[Any] = []
-        self._workers: WorkersNode | LoaderUpstream | None = None
-        self._counting: Any = None  # the stage whose fresh emissions settle the counts
+        self._count: FreshCount | None = None
         self._drain_stage: Any = None  # where drain() starts, once started (or None)
-        self._settled = 0
         self.yielded = 0  # batches of this epoch handed out, a resumed epoch's earlier ones too
         self._on_drop = on_drop
         self._closed = False
@@ -98,10 +93,9 @@ class EpochIterator:
             if self._start is not None:
                 begin, self._start = self._start, None
                 epoch = begin()
-                self.root, self._workers = epoch.root, epoch.workers
-                self._counting = epoch.counting
+                self.root, self._count = epoch.root, epoch.fresh
                 self._drain_stage = drain_stage(self.root)
-                self._settled, self._first = epoch.settled, epoch.first
+                self._first = epoch.first
                 self.yielded = epoch.yielded
             assert self.root is not None  # begin() set it
             batch = self._first.pop() if self._first else next(self.root)
@@ -119,15 +113,8 @@ class EpochIterator:
             worked = self._work_seconds() - worked
             stats.wait_seconds += time.perf_counter() - start - worked
             stats.work_seconds += worked
-        if self._counting is not None:
-            assert self._workers is not None  # an epoch's counting stage comes with its workers
-            handed = handed_on(self._counting)
-            if self._workers.counted_downstream:  # examples, as the pool first delivered them
-                stats.fresh_examples += handed - self._settled
-                stats.waiting_items = self._counting.waiting
-            else:  # batches: their counts wait in the workers node
-                self._workers.settle(handed - self._settled)
-            self._settled = handed
+        assert self._count is not None  # begin() set it
+        self._count.handed()
         stats.batches += 1
         self.yielded += 1
         stats.examples_out += batch_length(batch)

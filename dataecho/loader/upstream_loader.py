@@ -11,7 +11,6 @@ cannot be resumed, and saying so is :meth:`LoaderUpstream.get_state`'s.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +18,8 @@ from torch.utils.data import DataLoader
 from torchdata.nodes import BaseNode
 
 from dataecho.errors import DataechoTypeError, DataechoValueError
+from dataecho.loader.fresh_count import FreshCount
 from dataecho.loader.reading import is_stateful
-from dataecho.loader.workers import DeferredCounts
-from dataecho.stages import EchoStats
 from dataecho.stages.stats import batch_length
 
 if TYPE_CHECKING:
@@ -34,36 +32,24 @@ def is_loader(obj: Any) -> bool:
     return isinstance(obj, DataLoader)
 
 
-class LoaderUpstream(DeferredCounts, BaseNode[Any]):
-    """The user's loader as a node: yields its batches and counts their examples as fresh.
-
-    Counting follows :class:`~dataecho.loader.workers.WorkersNode`'s keywords: ``deferred``
-    (a stage reading ahead hands the batch on later: ``settle``) and ``counted_downstream``
-    (the device's pool counts).
-    """
+class LoaderUpstream(BaseNode[Any]):
+    """The user's loader as a node: yields its batches, every example of them fresh to
+    ``count``."""
 
     def __init__(
         self,
         loader: Any,  # a DataLoader, with its state_dict / load_state_dict where it has them
-        stats: EchoStats,
-        *,
-        deferred: bool = False,
-        counted_downstream: bool = False,
+        count: FreshCount,
     ) -> None:
         super().__init__()
         self.loader = loader
         self.batch_size = loader.batch_size  # its items are batches (stats.unit)
-        self._stats = stats
-        self.deferred = deferred
-        self.counted_downstream = counted_downstream
-        self.pending: collections.deque[int] = collections.deque()
-        self._replays = 0
+        self.count = count
         self._it: Iterator[Any] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        self.pending.clear()
-        self._replays = 0
+        self.count.reset()
         if initial_state is not None:
             self.loader.load_state_dict(initial_state["loader"])
         self._it = iter(self.loader)
@@ -72,12 +58,7 @@ class LoaderUpstream(DeferredCounts, BaseNode[Any]):
         if self._it is None:
             raise StopIteration
         batch = next(self._it)
-        if not self.counted_downstream:
-            fresh = batch_length(batch)
-            if self.deferred:
-                self.pending.append(fresh)
-            else:
-                self._stats.fresh_examples += fresh
+        self.count.read(batch_length(batch))
         return batch
 
     def get_state(self) -> dict[str, Any]:

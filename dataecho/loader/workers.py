@@ -2,9 +2,9 @@
 
 Each worker runs its own pipeline (:mod:`dataecho.loader.pipeline`) and sends ``(batch,
 fresh_count, (worker, waiting))``; this node unwraps the transport, batches the workers' last
-short batches together once they all ended (:mod:`dataecho.loader.remainders`), adds the fresh
-counts to the loader's stats (at once, or when an adaptive stage reading ahead hands the batch
-on), keeps ``stats.waiting_items`` at the sum of the workers' latest waiting counts and the
+short batches together once they all ended (:mod:`dataecho.loader.remainders`), hands each
+batch's fresh count to the epoch's :class:`~dataecho.loader.fresh_count.FreshCount`, keeps
+``stats.waiting_items`` at the sum of the workers' latest waiting counts and the
 remainders held, checkpoints through ``StatefulDataLoader.state_dict`` (the remainders held
 beside it) and shuts the workers down at the epoch's end, or, with
 ``persistent_workers``, leaves them to :class:`PersistentWorkers`, which keeps them across
@@ -13,7 +13,6 @@ epochs.
 
 from __future__ import annotations
 
-import collections
 import threading
 import weakref
 from collections.abc import Iterator
@@ -26,11 +25,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from dataecho._structure import map_tensors
 from dataecho.loader.chains import MAIN_PROCESS
 from dataecho.loader.epoch_fields import EpochFields
+from dataecho.loader.fresh_count import FreshCount
 from dataecho.loader.lifetime import signals_after_forks
 from dataecho.loader.pipeline import PipelineDataset
 from dataecho.loader.remainders import Remainder, Remainders, last_batch
 from dataecho.loader.transport import from_wire
-from dataecho.stages import EchoStats
 from dataecho.stages.seeds import STAGE_TRANSFORM, derive_seed
 
 # The key the main process's merged batches of the workers' remainders draw their seeds under
@@ -82,54 +81,20 @@ class PersistentWorkers:
         _stop_workers_of(self._loader)
 
 
-class DeferredCounts:
-    """The fresh counts of batches read ahead of the consumer, for a node of fresh batches (the
-    workers, or the user's own loader): ``pending`` until :meth:`settle` is told they reached
-    it. A base of such nodes, which set ``_stats``, ``pending`` and ``_replays``."""
+class WorkersNode(BaseNode[Any]):
+    """The inner StatefulDataLoader as a node: yields batches, their fresh counts to ``count``.
 
-    _stats: EchoStats
-    pending: collections.deque[int]
-    _replays: int  # the first pending entries: a resume's replay, already counted
-
-    def replaying(self, reads: int) -> None:
-        """The first ``reads`` batches read since the reset are read again, not handed on: a
-        resumed reader thread reads from its last saved position past the batches it had handed on
-        (their fresh examples counted before the checkpoint)."""
-        self._replays = reads
-
-    def settle(self, batches: int) -> None:
-        """``batches`` more read-ahead batches reached the consumer: count their fresh
-        examples, after dropping the replayed ones read before them."""
-        for _ in range(batches):
-            # Only once a batch after them is handed on: the reader thread has read them all
-            # by then.
-            while self._replays:
-                self.pending.popleft()
-                self._replays -= 1
-            self._stats.fresh_examples += self.pending.popleft()
-
-
-class WorkersNode(DeferredCounts, BaseNode[Any]):
-    """The inner StatefulDataLoader as a node: yields batches, counts their fresh examples.
-
-    With ``deferred``, an adaptive stage's reader thread pulls batches ahead of the consumer:
-    their fresh counts wait in ``pending`` until :meth:`settle` is told those batches reached it.
-    A resumed reader thread may first read again batches handed on before the checkpoint (see
-    :meth:`replaying`): counted then, they are dropped uncounted.
     With ``persistent`` (the loader's :class:`PersistentWorkers`), the workers outlive the
-    epoch; a failure in it stops them. With ``counted_downstream``, a stage after it counts
-    the fresh examples (the device's pool, as it first delivers them) and this node does not.
+    epoch; a failure in it stops them.
     """
 
     def __init__(
         self,
         loader: StatefulDataLoader,
         pipeline: PipelineDataset,
-        stats: EchoStats,
+        count: FreshCount,
         *,
-        deferred: bool = False,
         persistent: PersistentWorkers | None = None,
-        counted_downstream: bool = False,
     ) -> None:
         super().__init__()
         self._loader = loader
@@ -137,11 +102,8 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
         self._persistent = persistent
         self._lock = persistent.lock if persistent is not None else threading.Lock()
         self.batch_size = pipeline.options.batch_size  # its items are batches (stats.unit)
-        self._stats = stats
-        self.deferred = deferred
-        self.counted_downstream = counted_downstream
-        self.pending: collections.deque[int] = collections.deque()
-        self._replays = 0  # the first pending entries: a resume's replay, already counted
+        self.count = count
+        self._stats = count.stats
         self._waiting: dict[int, int] = {}  # worker -> read, not yet delivered, as it last said
         # Only worker processes send small batches as pickled arrays (loader/transport.py).
         self._piped = loader.num_workers > 0 and pipeline.pipe_small_batches
@@ -154,12 +116,11 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self.close()
-        self.pending.clear()  # a resume re-reads what was read ahead but not handed out
-        self._replays = 0
+        self.count.reset()
         self._waiting.clear()
         fields, opts = self._pipeline.fields, self._pipeline.options
         seed = derive_seed(fields.seed, fields.epoch, MERGED_BATCHES, fields.rank, STAGE_TRANSFORM)
-        last = last_batch(opts, pool_fills=self.counted_downstream)
+        last = last_batch(opts, pool_fills=self.count.counted_downstream)
         self._remainders = Remainders(opts, self._pipeline.collate_fn, seed=seed, last=last)
         self._ended = False
         if initial_state is not None:
@@ -191,7 +152,7 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
                 except StopIteration:
                     merged = remainders.next_batch()  # made here: nothing to unwrap
                     if merged is None:
-                        if not self.counted_downstream:  # what is never delivered was not
+                        if not self.count.counted_downstream:  # what is never delivered was not
                             self._stats.waiting_items = 0  # read for it
                         raise
                     batch, fresh = merged
@@ -206,12 +167,9 @@ class WorkersNode(DeferredCounts, BaseNode[Any]):
                 if self._piped:
                     batch = from_wire(batch)
                 break
-        if self.counted_downstream:
-            return batch  # the device's pool counts, and says what waits in it
-        if self.deferred:
-            self.pending.append(fresh)  # deque.append is atomic: safe from the reader thread
-        else:
-            self._stats.fresh_examples += fresh
+        self.count.read(fresh)
+        if self.count.counted_downstream:
+            return batch  # the device's pool says what waits in it
         self._stats.waiting_items = sum(self._waiting.values()) + remainders.waiting
         return batch
 
