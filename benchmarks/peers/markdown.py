@@ -135,7 +135,7 @@ e = {s.snapshot_factor}, unthrottled upstream, the loader iterated without train
 emitted batch over {s.snapshot_batches} batches after {s.snapshot_warmup}, median of
 {s.snapshot_rounds} interleaved round(s). CPU: the worker's from /proc, the training thread's
 from `time.thread_time()`. "snapshots every {max(1, s.example_shuffle // s.batch_size)}" is the
-interval dataecho used before `dataecho/loader/snapshots.py` (shuffle_buffer // batch_size).
+interval dataecho used before `snapshot_interval` (`dataecho/loader/inner.py`) (shuffle_buffer // batch_size).
 "auto" snapshots every batch by default: its reuse decisions depend on timing, so a replay
 from an older snapshot would not repeat them.
 

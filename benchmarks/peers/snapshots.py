@@ -4,7 +4,7 @@ The peers cannot checkpoint; dataecho's workers send their pipeline state (the p
 buffer included) with some batches so that a checkpoint can resume exactly. Here each case
 iterates its loader on the unthrottled upstream without training and reports the CPU its
 worker and the training thread spend per emitted batch, with snapshots at the loader's
-default interval, at the interval dataecho used before ``dataecho/loader/snapshots.py``
+default interval, at the interval dataecho used before ``snapshot_interval`` (``dataecho/loader/inner.py``)
 (one per ``shuffle_buffer // batch_size`` batches) and off. A resume replays at most one
 interval of batches in the worker: *max replay* says how many fresh examples that re-reads.
 """

@@ -4,21 +4,57 @@
 iterable dataset of ready batches; it decides here how those workers are set up: pinned memory
 (also for ``where="device"`` on CUDA), prefetch depth and snapshot interval (their defaults
 follow the echo options), the workers' base seed and their guard against an orphaned life.
+
+Snapshots. ``StatefulDataLoader`` gets each worker's pipeline state *with* a batch, so that
+``state_dict()`` in the training process never waits for a worker. For an iterable dataset (the
+pipeline is one) it asks for the state with every batch put in flight near a snapshot step,
+about ``workers x (prefetch_factor + 1) + 1`` of them per ``snapshot_every_n_steps`` batches:
+with a short interval and deep prefetch every batch can carry a packed buffer, which costs the
+worker (and the training thread that unpacks it) more than the batch. :func:`snapshot_interval`
+stretches the interval by that window, so a buffer is packed about once per buffer's worth of
+fresh batches; the price is a longer replay on resume (the same upstream reads at any echo
+factor): the worker restores the snapshot before the checkpoint and replays the batches since,
+at most one interval. The ``peers`` benchmark measures both costs; how a state crosses is
+:mod:`dataecho.loader.transport`'s.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dataecho.loader.lifetime import WorkerInit
-from dataecho.loader.options import default_prefetch
+from dataecho.loader.options import LoaderOptions, default_prefetch
 from dataecho.loader.pipeline import PipelineDataset, unwrap_identity
-from dataecho.loader.snapshots import snapshot_interval
+
+# A worker buffer smaller than this packs in about a millisecond, no more than the rest of a
+# snapshot (positions, RNG states) costs: such loaders keep one snapshot per buffer's worth of
+# batches counted plainly, and replay little on resume.
+CHEAP_BUFFER = 128  # examples
+
+
+def snapshot_interval(opts: LoaderOptions, num_workers: int, prefetch_factor: int | None) -> int:
+    """The default ``snapshot_every_n_steps``: about one packed buffer per buffer's worth of
+    fresh batches (see the module docstring). A resume replays at most this many batches."""
+    if opts.adaptive and not opts.batch_level and num_workers:
+        # "auto" in a worker decides by timing, so a replay from an older snapshot would not
+        # repeat its reuse decisions: the resumed stream would repeat some examples and skip
+        # others. One snapshot per batch keeps the resume exact.
+        return 1
+    # Batch echoing shuffles whole batches in the training process; workers buffer nothing.
+    # Derived on construction where not given: an int here.
+    buffered = 0 if opts.batch_level else cast(int, opts.shuffle_buffer)
+    per_buffer = max(1, buffered // opts.batch_size)
+    if num_workers == 0 or buffered < CHEAP_BUFFER:
+        return per_buffer
+    window = num_workers * ((prefetch_factor or 2) + 1) + 1
+    # Echoed examples leave the buffer e times per fresh read: count fresh batches, as the
+    # buffer fills with them, so echoing packs no more buffers per fresh read than e = 1 does.
+    return max(1, round(window * per_buffer * float(opts.echo_factor)))
 
 
 def prefetch_depth(pipeline: PipelineDataset, num_workers: int, given: int | None) -> int | None:
@@ -45,7 +81,7 @@ def inner_loader(
     ``multiprocessing_context``, ``pin_memory_device``, ``in_order``) go to it as they are.
 
     ``device``: where ``where="device"`` echoes, or None. ``snapshot_every_n_steps`` None:
-    :func:`~dataecho.loader.snapshots.snapshot_interval`, or every batch over a streaming
+    :func:`snapshot_interval`, or every batch over a streaming
     library's dataset, whose reads a replay from an older snapshot would fetch again.
     """
     if snapshot_every_n_steps is None and pipeline.stream is not None:

@@ -357,3 +357,32 @@ def check_options_alone(
                 f"{name}={value!r} disagrees with options.{name}={getattr(options, name)!r}; "
                 f"drop the {name} argument (the options set it) or change the options"
             )
+
+
+def loader_options(
+    dataset: Any,
+    options: LoaderOptions | None,
+    echo: dict[str, Any],
+    *,
+    batch_size: Any,
+    shuffle: Any,
+    drop_last: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    persistent_workers: Any,
+    num_workers: int,
+) -> LoaderOptions:
+    """The loader's options, from ``options=`` or from the echo keywords ``echo`` and
+    DataLoader's arguments, every rule checked before any work starts."""
+    if options is None:
+        check_dataloader_arguments(dataset, batch_size, shuffle, sampler, batch_sampler,
+                                   persistent_workers, num_workers)  # fmt: skip
+        given = {k: v for k, v in echo.items() if v is not None}
+        # batch_size None was refused just above.
+        return LoaderOptions(batch_size=cast(int, batch_size), shuffle=bool(shuffle),
+                             drop_last=bool(drop_last), **given)  # fmt: skip
+    check_options_alone(options, echo, batch_size=batch_size, shuffle=shuffle,
+                        drop_last=drop_last)  # fmt: skip
+    check_dataloader_arguments(dataset, options.batch_size, options.shuffle, sampler,
+                               batch_sampler, persistent_workers, num_workers)  # fmt: skip
+    return options

@@ -43,9 +43,8 @@ from dataecho.loader.reading import (
 )
 from dataecho.loader.remainders import Remainder
 from dataecho.loader.rng_scope import RngScope
-from dataecho.loader.snapshots import send_once
 from dataecho.loader.streams import find_stream
-from dataecho.loader.transport import WorkerCollate, to_wire
+from dataecho.loader.transport import WorkerCollate, send_once, to_wire
 from dataecho.stages.fixed_echo import known_length
 from dataecho.stages.seeds import STAGE_ORDER, STAGE_TRANSFORM, derive_seed
 from dataecho.transforms import guard_transform

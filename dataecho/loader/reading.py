@@ -185,3 +185,16 @@ class Tagged(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"source": self.source.state_dict(), "count": self.count}
+
+
+def finish_restored_pass(dataset: Any, saved: Any) -> None:
+    """Restore an iterable dataset's state saved after its pass ended, so that its next
+    ``iter()`` is the next pass. A state that restores the end of the pass itself (a position)
+    is run to that end first, as it was before it was saved; one that restores the start of
+    the next pass (an epoch counter) is restored again after the item that showed it."""
+    dataset.load_state_dict(saved)
+    try:
+        next(iter(dataset))
+    except StopIteration:
+        return
+    dataset.load_state_dict(saved)

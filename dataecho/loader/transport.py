@@ -14,6 +14,15 @@ new shared-memory segment, which saves a copy only when that batch crosses as it
 shared memory; a batch that a ``batch_transform`` replaces, or one sent through the pipe, pays
 for the segment (about 0.2 ms per batch of 128 28x28 images here) and gains nothing.
 :class:`WorkerCollate` stacks into plain memory there.
+
+A worker's state (its position, RNG counters, the packed shuffle buffer) crosses with a batch
+too, and :func:`send_once` decides how: its tensors cross pickled as bytes through the pipe, not
+as torch's shared memory. That costs both processes less (no segment to make and map, no socket
+hand-over of its descriptor), and a training process interrupted while receiving one (Ctrl-C
+during a wait) leaves no hand-over half done in the worker. The worker diffs each state against
+the previous one, so it holds the last one until the next: a second copy of the packed buffer
+next to the buffer itself; large tensors are wrapped so the worker drops them once pickled,
+which lowers its peak memory by about one buffer.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_
 from dataecho._structure import map_tensors, rebuild, tensors
 
 PIPE_LIMIT = 512 * 1024  # bytes of tensor data per batch sent pickled through the pipe
+SEND_ONCE_BYTES = 64 * 1024  # state tensors at least this large leave the worker with the state
 
 
 class _Piped:
@@ -105,3 +115,75 @@ def _map_piped(batch: Any) -> Any:
     if isinstance(batch, _Piped):
         return torch.from_numpy(batch.array)
     return rebuild(batch, _map_piped)
+
+
+class _SendOnce:
+    """A large tensor of a worker's state: pickled once, then no longer held by the worker.
+
+    It unpickles as a plain tensor equal to it, so the training process (and its checkpoints)
+    never sees the wrapper. Equality is identity, so the worker's diff always sends it.
+    """
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor: torch.Tensor | None = tensor
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        tensor, self.tensor = self.tensor, None
+        if tensor is None:
+            raise RuntimeError(
+                "a worker state tensor was pickled a second time after it was sent; this is a "
+                "dataecho bug: please report it with the torchdata version"
+            )
+        if pipeable(tensor):
+            return (_state_array, (tensor.numpy(),))
+        return (_state_tensor, (tensor,))
+
+
+class _InPipe:
+    """A small tensor of a worker's state, pickled as its bytes: torch would give it a
+    shared-memory segment and a descriptor hand-over of its own, which cost both processes
+    more than the copy."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_state_array, (self.tensor.numpy(),))
+
+
+def _state_array(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array)
+
+
+def _state_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def send_once(state: Any) -> Any:
+    """``state`` with its tensors of :data:`SEND_ONCE_BYTES` or more wrapped in ``_SendOnce``,
+    and the smaller ones that numpy holds in ``_InPipe``.
+
+    Only for a state that a worker process hands to the loader's result queue. It opens only
+    plain dicts and lists, the containers of a node state, and keeps every other object as it
+    is (not :mod:`dataecho._structure`'s walk, which rebuilds tuples and dict subclasses).
+    """
+    if isinstance(state, torch.Tensor):
+        if state.numel() * state.element_size() >= SEND_ONCE_BYTES:
+            return _SendOnce(state)
+        return _InPipe(state) if pipeable(state) else state
+    if type(state) is dict:
+        return {k: send_once(v) for k, v in state.items()}
+    if type(state) is list:
+        # A packed buffer's plain column is a list of thousands of numbers: one look at its
+        # types (at C speed) instead of a call per number.
+        if not any(issubclass(t, _OPENED) for t in set(map(type, state))):
+            return state
+        return [send_once(v) for v in state]
+    return state
+
+
+_OPENED = (torch.Tensor, dict, list)  # what send_once looks into or wraps

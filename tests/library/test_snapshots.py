@@ -1,4 +1,5 @@
-"""Tests of dataecho/loader/snapshots.py: the default snapshot interval and ``send_once``."""
+"""The workers' state snapshots: the default interval (dataecho/loader/inner.py) and how a
+state crosses (``send_once``, dataecho/loader/transport.py)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,9 @@ from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
 from dataecho import EchoingDataLoader
+from dataecho.loader.inner import CHEAP_BUFFER, snapshot_interval
 from dataecho.loader.options import LoaderOptions
-from dataecho.loader.snapshots import (
-    CHEAP_BUFFER,
-    SEND_ONCE_BYTES,
-    _InPipe,
-    _SendOnce,
-    send_once,
-    snapshot_interval,
-)
+from dataecho.loader.transport import SEND_ONCE_BYTES, _InPipe, _SendOnce, send_once
 
 
 def options(**kw) -> LoaderOptions:

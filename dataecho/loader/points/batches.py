@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from torchdata.nodes import BaseNode, Batcher, Mapper
 
 from dataecho._validate import check_takes_generator
-from dataecho.loader.device import DeviceTransform, ToDevice
-from dataecho.loader.numbered import Numbered
+from dataecho.loader.device import DeviceTransform, Numbered, ToDevice
 from dataecho.loader.points.base import InsertionPoint
 from dataecho.loader.points.common import OnItem, echo_stage
 from dataecho.stages import MixExamples, Shuffle

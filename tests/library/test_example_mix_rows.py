@@ -1,11 +1,11 @@
-"""A batch's rows as wide words (dataecho.stages.batch_rows): exact round trips, clear errors."""
+"""A batch's rows as wide words (dataecho.stages.example_mix): exact round trips, clear errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dataecho.stages.batch_rows import RowLayout, tensor_leaves
+from dataecho.stages.example_mix import RowLayout, tensor_leaves
 
 
 def test_rows_round_trip_exactly_through_the_widest_word_that_fits():
