@@ -58,6 +58,7 @@ resume continues from the checkpoint's; the time between that checkpoint and the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterator
@@ -107,6 +108,7 @@ from dataecho.app.training.save_resume import (
 from dataecho.app.training.schedule import (
     checkpoint_due,
     count_exchange,
+    next_checkpoint,
     periodic_evaluation,
     run_evaluations,
 )
@@ -128,7 +130,11 @@ __all__ = [
 
 
 def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
-    """Train as ``config`` says; log one line per evaluation. See the module docstring."""
+    """Train as ``config`` says; log one line per evaluation. See the module docstring.
+
+    The loop's state is its locals: ``run`` (the counters a checkpoint holds), ``history`` and
+    ``losses``. Helpers take what they need and return what they change; only the loop
+    assigns them."""
     cfg = config
     if cfg.nproc > 1 and not in_torchrun():
         training_device(cfg.device, local_rank=cfg.nproc - 1)  # refused here, not in a rank
@@ -163,8 +169,14 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         children_before = ended_children_cpu_seconds()
         if rank is not None:  # a rank's first row measures from here, resumed or not
             run.mark = EvalMark.now(loader.stats, run.seconds)
-        final_save = functools.partial(save_on_exit, cfg, parts, run, history, losses, start)
-        on_exit = ExitCheckpoint(loader, final_save if cfg.checkpoint_on_exit and rank is None
+
+        def save_on_signal(loader_state: dict[str, Any]) -> Path:
+            # One process on SIGINT/SIGTERM (dataecho.app.shutdown): the loop's state as it is
+            # when the signal stops it, read here and changed nowhere.
+            now = dataclasses.replace(run, seconds=time.perf_counter() - start)
+            return save_on_exit(cfg, parts, now, history, losses, loader_state)
+
+        on_exit = ExitCheckpoint(loader, save_on_signal if cfg.checkpoint_on_exit and rank is None
                                  else None, log=say, label=cfg.name)  # fmt: skip
         signals = rank.signals if rank is not None else StopSignals(enabled=False)
         comm_row = None if rank is None else rank.comm_row  # more keys in evaluation rows
@@ -174,11 +186,9 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
             if cfg.eval_in_background and rank is None
             else None
         )
-        checkpoint = functools.partial(_checkpoint, cfg, parts, run, history, losses, start)
-        stop = functools.partial(_stop_on_signal, cfg, rank, run, checkpoint, say)
         probe = functools.partial(_probe, cfg, data.eval_set, device)
         tally = Tally(signals, loader.stats.fresh_examples)  # for the next exchange
-        batches = on_exit.batches(_epochs(cfg, data, loader, run, bar, rank))
+        batches = on_exit.batches(_epochs(cfg, data, loader, bar, rank))
         with (
             bar,
             loader,
@@ -188,9 +198,11 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         ):  # on the way out: batches, evaluation thread, handlers, workers, bar
             while not run.done:
                 work_before = loader.stats.work_seconds
-                batch = signals.fetch(batches)
-                if batch is None:  # signalled, and no batch within the grace: stop
-                    stop(sync.void_exchange(tally.void(), probe, optimizer))
+                got = signals.fetch(batches)
+                if got is None:  # signalled, and no batch within the grace: stop
+                    summed = sync.void_exchange(tally.void(), probe, optimizer)
+                    _stop(cfg, rank, run.global_steps, summed, say)
+                run.epoch, batch = got
                 t0 = time.perf_counter()
                 loss = step_loss(cfg, sync.net, to_device(batch, device))
                 optimizer.zero_grad(set_to_none=True)
@@ -198,7 +210,7 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                 tally.step(now)
                 summed = sync.backward(loss, tally.control(run.stop_vote))  # ddp: an exchange
                 if summed is not None and summed.void:  # a rank has no step: none is taken
-                    stop(summed)
+                    _stop(cfg, rank, run.global_steps, summed, say)
                 optimizer.step()
                 # The training thread's compute per step: the step, and the loader's work on
                 # this thread (where=device: augmenting the copy), so R's t_down holds it all.
@@ -212,15 +224,21 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
 
                 if summed is not None:  # an exchange: the same decisions on every rank
                     if summed.void:
-                        stop(summed)
+                        _stop(cfg, rank, run.global_steps, summed, say)
                     tally.exchanged()
-                    count_exchange(cfg, run, summed)
-                    run_evaluations(cfg, run, model, loader, data, history, start, say,
-                                    evaluator, rank=me, world=world, extra=comm_row)  # fmt: skip
-                    if cfg.checkpoint_dir is not None and checkpoint_due(cfg, run, world):
-                        checkpoint()
+                    run = count_exchange(cfg, run, summed)
+                    run, rows = run_evaluations(cfg, run, model, loader, data, start, say,
+                                                evaluator, rank=me, world=world,
+                                                extra=comm_row)  # fmt: skip
+                    history.extend(rows)
+                    if cfg.checkpoint_dir is not None and checkpoint_due(run, world):
+                        run.next_checkpoint = next_checkpoint(cfg, run, world)
+                        run = _checkpoint(cfg, parts, run, history, losses, start)
                     if summed.stopping:  # after the exchange, as a periodic checkpoint
-                        stop(summed)
+                        # The final checkpoint, unless written (or resumed from) at this one.
+                        if rank is not None and rank.saved_at != run.global_steps:
+                            run = _checkpoint(cfg, parts, run, history, losses, start)
+                        _stop(cfg, rank, run.global_steps, summed, say)
                 on_exit.after_step()  # one process: a signal during the step stops it here
             run.seconds = time.perf_counter() - start
             counters = None if rank is None else rank.gather(rank_counters(rank, loader, run.steps))
@@ -240,20 +258,21 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
 
 
 def _checkpoint(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list,
-                losses: list, start: float) -> Path | None:  # fmt: skip
-    """A checkpoint at an exchange, with the wall time so far (from ``start``) in it."""
-    run.seconds = time.perf_counter() - start
-    return save(cfg, parts, run, history, losses)
+                losses: list, start: float) -> RunCounters:  # fmt: skip
+    """A checkpoint at an exchange, with the wall time so far (from ``start``) in it; the
+    counters after it (its time in ``checkpoint_seconds``)."""
+    _, run = save(cfg, parts, dataclasses.replace(run, seconds=time.perf_counter() - start),
+                  history, losses)  # fmt: skip
+    return run
 
 
-def _stop_on_signal(cfg: TrainConfig, rank: Rank | None, run: RunCounters,
-                    checkpoint: Callable[[], Path | None], say: Callable[[str], None],
-                    summed: Control) -> NoReturn:  # fmt: skip
+def _stop(cfg: TrainConfig, rank: Rank | None, global_steps: int, summed: Control,
+          say: Callable[[str], None]) -> NoReturn:  # fmt: skip
     """The exchange ``summed`` voted to stop (or was void): every rank stops after it
-    (:meth:`.Rank.stop_on_signal`). One process never votes: its signals stop it in
-    :class:`~dataecho.app.shutdown.ExitCheckpoint`."""
+    (:meth:`.Rank.stop_on_signal`; the loop wrote the final checkpoint). One process never
+    votes: its signals stop it in :class:`~dataecho.app.shutdown.ExitCheckpoint`."""
     assert rank is not None
-    rank.stop_on_signal(cfg, run.global_steps, summed, checkpoint, say)
+    rank.stop_on_signal(cfg, global_steps, summed, say)
 
 
 def _probe(cfg: TrainConfig, split: tuple, device: torch.device,
@@ -263,22 +282,22 @@ def _probe(cfg: TrainConfig, split: tuple, device: torch.device,
     return step_loss(cfg, net, to_device((inputs[:1], targets[:1]), device))
 
 
-def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, run: RunCounters,
-            bar: TrainingProgress, rank: Rank | None) -> Iterator[Any]:  # fmt: skip
-    """This process's batches, epoch after epoch, without end (each rank's epochs end on
-    their own, so unequal shares cannot leave a rank waiting in a collective)."""
+def _epochs(cfg: TrainConfig, data: Data, loader: EchoingDataLoader, bar: TrainingProgress,
+            rank: Rank | None) -> Iterator[tuple[int, Any]]:  # fmt: skip
+    """This process's ``(epoch, batch)`` pairs, epoch after epoch, without end (each rank's
+    epochs end on their own, so unequal shares cannot leave a rank waiting in a collective)."""
     while True:
         # From the loader, not counted here: a signal in the wait for an epoch's first batch
         # checkpoints the loader as it was before the wait (at the last epoch's end).
-        run.epoch = loader.next_epoch
-        data.set_epoch(run.epoch)
+        epoch = loader.next_epoch
+        data.set_epoch(epoch)
         # A loaded position continues its epoch, whose rest may be empty (a checkpoint taken
         # at its last batch, where only the end tells).
         continuing = loader.next_epoch == loader.epoch
         count = 0
         for batch in bar.wrap(loader):
             count += 1
-            yield batch
+            yield epoch, batch
         if count == 0 and not continuing:
             who = "the loader" if rank is None else f"rank {rank.rank}'s loader"
             shared = "" if rank is None else f", shared by {rank.world_size} ranks"

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NoReturn
 
 import torch.distributed as dist
@@ -67,12 +66,12 @@ class Rank:
                 "comm_seconds": s.comm_seconds}  # fmt: skip
 
     def stop_on_signal(self, cfg: TrainConfig, global_steps: int, summed: Control,
-                       checkpoint: Callable[[], Path | None], say: Callable[[str], None],
-                       ) -> NoReturn:  # fmt: skip
-        """The ranks voted to stop in the exchange ``summed`` (:mod:`.signals`): write the
-        final checkpoint there (``checkpoint()``; not twice; none if it is void), say so, and
-        raise the signal's exception (every rank, so every ``finally`` runs: workers stop, the
-        group is left)."""
+                       say: Callable[[str], None]) -> NoReturn:  # fmt: skip
+        """The ranks voted to stop in the exchange ``summed`` (:mod:`.signals`): say so, naming
+        the final checkpoint (the loop wrote it at this exchange, at ``global_steps``, unless
+        one was written or resumed there already; none if the exchange is void), and raise the
+        signal's exception (every rank, so every ``finally`` runs: workers stop, the group is
+        left)."""
         own = self.signals.signum
         stop = self.signals.exception(summed)
         what = signal.Signals(own).name if own else "a signal to another rank"
@@ -83,10 +82,7 @@ class Rank:
                 "so no state is consistent: stopped without a final checkpoint; --resume "
                 f"continues from {latest}")  # fmt: skip
             raise stop
-        if self.saved_at == global_steps:  # written at this exchange, or resumed from
-            path = next((p for step, p in found if step == global_steps), None)
-        else:
-            path = checkpoint()
+        path = next((p for step, p in found if step == global_steps), None)
         say(f"[{cfg.name}] {what}: the {self.world_size} ranks stopped after {global_steps:,} "
             f"steps in all: final checkpoint {path}; continue with --resume")  # fmt: skip
         raise stop

@@ -4,7 +4,7 @@ per evaluation, and the :class:`TrainResult` at the end."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -104,7 +104,10 @@ class RunCounters:
     """The loop's counters, single-process and data-parallel alike: all of them go into a
     checkpoint, so a resume continues them. ``fresh`` and ``global_steps`` are the run's, all
     ranks together, as of the last exchange (every step in a single process), so every rank
-    takes the same decisions from them."""
+    takes the same decisions from them.
+
+    The training loop owns them: a helper that changes them returns changed counters
+    (``dataclasses.replace``) for the loop to keep, and leaves the ones it was given alone."""
 
     steps: int = 0  # this process's optimizer steps
     fresh: int = 0  # fresh examples read from upstream, all ranks
@@ -150,9 +153,10 @@ def history_row(
     screened: int,
     seconds: float,
     extra: dict[str, float] | None = None,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], RunCounters]:
     """One evaluation's row (:class:`TrainResult`'s ``history``); ``extra``: more keys (a
-    data-parallel run's communication counters)."""
+    data-parallel run's communication counters). Returns it with the counters whose interval
+    starts again at it (the mark moved to now, the training loss sum cleared)."""
     s = loader.stats
     mark = run.mark
     row = {
@@ -172,9 +176,7 @@ def history_row(
         "skipped_records": skipped_records(loader),  # this process's (rank 0's)
         **(extra or {}),
     }
-    run.mark = EvalMark.now(s, seconds)
-    run.loss_sum, run.loss_count = 0.0, 0
-    return row
+    return row, replace(run, mark=EvalMark.now(s, seconds), loss_sum=0.0, loss_count=0)
 
 
 def log_line(cfg: TrainConfig, row: dict[str, float]) -> str:

@@ -78,9 +78,12 @@ class RunParts:
 
 
 def save(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list, losses: list,
-         loader_state: dict[str, Any] | None = None) -> Path | None:  # fmt: skip
-    """Write a checkpoint now (``loader_state``: the loader's, taken earlier). Data parallel:
-    every rank calls it (a gather); rank 0 writes and returns the path, the others None."""
+         loader_state: dict[str, Any] | None = None,
+         ) -> tuple[Path | None, RunCounters]:  # fmt: skip
+    """Write a checkpoint of ``run`` now (``loader_state``: the loader's, taken earlier).
+    Returns its path and the counters with the write's time added to ``checkpoint_seconds``.
+    Data parallel: every rank calls it (a gather); rank 0 writes and has the path, the others
+    None; each rank records the global steps written at (``Rank.saved_at``)."""
     t0, rank, loader = time.perf_counter(), parts.rank, parts.loader
     mine = {"loader": loader.state_dict() if loader_state is None else loader_state}
     mine["skipped_records"] = skipped_to_keep(loader, mine["loader"])
@@ -98,8 +101,8 @@ def save(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list, los
             path = save_checkpoint(cfg.checkpoint_dir, state, step=run.global_steps,
                                    keep=cfg.keep_checkpoints)  # fmt: skip
         rank.saved_at = run.global_steps
-    run.checkpoint_seconds += time.perf_counter() - t0
-    return path
+    spent = time.perf_counter() - t0
+    return path, dataclasses.replace(run, checkpoint_seconds=run.checkpoint_seconds + spent)
 
 
 def _state(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list, losses: list,
@@ -118,15 +121,16 @@ def _state(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list, l
 
 
 def save_on_exit(cfg: TrainConfig, parts: RunParts, run: RunCounters, history: list,
-                 losses: list, start: float, loader_state: dict[str, Any]) -> Path | None:  # fmt: skip
-    """A single process's final checkpoint of a signalled run (:mod:`dataecho.app.shutdown`);
-    a step already checkpointed (periodically, at the end, or the one resumed from) is not
-    written again."""
+                 losses: list, loader_state: dict[str, Any]) -> Path:  # fmt: skip
+    """A single process's final checkpoint of a signalled run (:mod:`dataecho.app.shutdown`),
+    of ``run`` as the loop had it (its wall time up to now in ``seconds``); a step already
+    checkpointed (periodically, at the end, or the one resumed from) is not written again."""
     found = list_checkpoints(cfg.checkpoint_dir)
     if found and found[-1][0] == run.steps:
         return found[-1][1]
-    run.seconds = time.perf_counter() - start
-    return save(cfg, parts, run, history, losses, loader_state)
+    path, _ = save(cfg, parts, run, history, losses, loader_state)
+    assert path is not None  # a single process writes every checkpoint it takes
+    return path
 
 
 def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: Any,
@@ -159,9 +163,9 @@ def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: An
             counters = RunCounters.from_dict(ckpt["run"])
             part = "optimizer and loader states"
             if rank is None:
-                _resume_process(ckpt, parts, counters)
+                counters = _resume_process(ckpt, parts, counters)
             else:
-                _resume_rank(ckpt, parts, counters, rank)
+                counters = _resume_rank(ckpt, parts, counters, rank)
             part = "RNG states"
             torch.set_rng_state(ckpt["rng"]["torch"])
             random.setstate(ckpt["rng"]["python"])
@@ -186,8 +190,8 @@ def resume_or_start(cfg: TrainConfig, parts: RunParts, run: RunCounters, log: An
         log(f"[{cfg.name}] resumed from {path} ({len(ckpt['loaders'])} ranks then, "
             f"{rank.world_size} now): {run.fresh:,} fresh examples, {run.global_steps:,} steps")  # fmt: skip
     reached = run.to_target is not None and cfg.stop_at_target and cfg.target is not None
-    run.stop_vote = False
-    run.done = reached or at_limit(cfg, run, 1 if rank is None else rank.world_size)
+    done = reached or at_limit(cfg, run, 1 if rank is None else rank.world_size)
+    run = dataclasses.replace(run, stop_vote=False, done=done)
     losses = ckpt["losses"].tolist() if rank is None or rank.rank == 0 else []  # rank 0's
     return run, list(ckpt["history"]), losses
 
@@ -232,33 +236,40 @@ def _check_kind(ckpt: dict[str, Any], path: Path, *, data_parallel: bool) -> Non
         )
 
 
-def _resume_process(ckpt: dict[str, Any], parts: RunParts, run: RunCounters) -> None:
+def _resume_process(ckpt: dict[str, Any], parts: RunParts, run: RunCounters) -> RunCounters:
+    """Load a single process's optimizer and loader; the checkpoint's counters ``run`` with
+    the loader's fresh examples, every step its own."""
     parts.optimizer.load_state_dict(ckpt["optimizer"])
     parts.loader.load_state_dict(ckpt["loader"])
     resume_skipped(parts.loader, ckpt.get("skipped_records", 0))
-    run.fresh, run.global_steps = parts.loader.stats.fresh_examples, run.steps
+    return dataclasses.replace(run, fresh=parts.loader.stats.fresh_examples,
+                               global_steps=run.steps)  # fmt: skip
 
 
-def _resume_rank(ckpt: dict[str, Any], parts: RunParts, run: RunCounters, rank: Rank) -> None:
+def _resume_rank(ckpt: dict[str, Any], parts: RunParts, run: RunCounters,
+                 rank: Rank) -> RunCounters:  # fmt: skip
+    """Load this rank's optimizer, averaging and loader; the checkpoint's counters ``run``
+    with this rank's epoch and share of the steps."""
     loaders, loader = ckpt["loaders"], parts.loader
     same = len(loaders) == rank.world_size  # the same shares: continue exactly
     mine = loaders[rank.rank] if same else loaders[0]
     parts.optimizer.load_state_dict(mine.get("optimizer", ckpt["optimizer"]) if same
                                     else ckpt["optimizer"])  # fmt: skip
     parts.sync.load_state_dict(ckpt["averaging"])
-    run.epoch = int(mine["loader"]["next_epoch"])
+    epoch = int(mine["loader"]["next_epoch"])
     if same:
         loader.load_state_dict(mine["loader"])
         resume_skipped(loader, mine.get("skipped_records", 0))
     else:  # other shares: restart rank 0's epoch (module docstring)
-        loader.load_state_dict({"epoch": run.epoch - 1, "seed": loader.seed, "root": None,
+        loader.load_state_dict({"epoch": epoch - 1, "seed": loader.seed, "root": None,
                                 "stats": loader.stats.state_dict()})  # fmt: skip
         # The restarted epoch is read, and its bad records skipped, again: rank 0 carries
         # the finished epochs' skips of all ranks.
         carried = sum(int(r.get("skipped_records", 0)) for r in loaders)
         resume_skipped(loader, carried if rank.rank == 0 else 0)
-    run.steps = run.global_steps // len(loaders)  # this rank's share of the steps so far
     rank.saved_at = run.global_steps
+    # This rank's share of the steps so far.
+    return dataclasses.replace(run, epoch=epoch, steps=run.global_steps // len(loaders))
 
 
 def check_folder(cfg: TrainConfig, model: torch.nn.Module, *, loaders: int = 1) -> None:

@@ -8,12 +8,16 @@ schedule of fresh examples (``eval_every``), in line or in a background thread o
 (:mod:`dataecho.app.evaluation`); a target counts when its evaluation has finished, and only a
 full evaluation (not a screen) decides it. Checkpoints: every ``checkpoint_every`` steps (mean
 per rank) and at the end.
+
+The loop's counters go in and changed ones come back (:class:`~.record.RunCounters`): nothing
+here changes what it was given.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -43,33 +47,36 @@ def at_limit(
     return loader is None or not loader.drain() or loader.drained
 
 
-def count_exchange(cfg: TrainConfig, run: RunCounters, summed: Control) -> None:
-    """Add an exchange's control numbers (fresh examples and steps of every rank since the
-    last one, the target's vote: :mod:`dataecho.app.distributed.control`) to the run's counts."""
-    run.fresh += summed.fresh
-    run.global_steps += summed.steps
-    if summed.target and cfg.stop_at_target:  # a target rank 0 reached at the exchange before
-        run.done = True
+def count_exchange(cfg: TrainConfig, run: RunCounters, summed: Control) -> RunCounters:
+    """The run's counts with an exchange's control numbers added (fresh examples and steps of
+    every rank since the last one, the target's vote: :mod:`dataecho.app.distributed.control`)."""
+    # A target rank 0 reached at the exchange before ends the run here, on every rank.
+    done = run.done or (summed.target and cfg.stop_at_target)
+    return replace(run, fresh=run.fresh + summed.fresh,
+                   global_steps=run.global_steps + summed.steps, done=done)  # fmt: skip
 
 
-def checkpoint_due(cfg: TrainConfig, run: RunCounters, world: int = 1) -> bool:
-    """Whether this exchange writes a checkpoint (the end, or ``checkpoint_every`` steps per
-    rank since the last periodic one); moves the next periodic one on."""
-    steps = run.global_steps // world
-    if not (run.done or steps >= run.next_checkpoint):
-        return False
-    run.next_checkpoint = (steps // cfg.checkpoint_every + 1) * cfg.checkpoint_every
-    return True
+def checkpoint_due(run: RunCounters, world: int = 1) -> bool:
+    """Whether this exchange writes a checkpoint: the end, or ``run.next_checkpoint`` reached
+    (steps per rank; :func:`next_checkpoint` moves it on)."""
+    return run.done or run.global_steps // world >= run.next_checkpoint
+
+
+def next_checkpoint(cfg: TrainConfig, run: RunCounters, world: int = 1) -> int:
+    """Steps per rank at the periodic checkpoint after one written now: the next multiple of
+    ``checkpoint_every``."""
+    return (run.global_steps // world // cfg.checkpoint_every + 1) * cfg.checkpoint_every
 
 
 def run_evaluations(
     cfg: TrainConfig, run: RunCounters, model: torch.nn.Module, loader: EchoingDataLoader, data: Data,
-    history: list, start: float, say: Callable[[str], None],
-    evaluator: BackgroundEvaluator | None, *, rank: int | None = None, world: int = 1,
-    extra: Callable[[], dict[str, float]] | None = None,
-) -> None:  # fmt: skip
+    start: float, say: Callable[[str], None], evaluator: BackgroundEvaluator | None, *,
+    rank: int | None = None, world: int = 1, extra: Callable[[], dict[str, float]] | None = None,
+) -> tuple[RunCounters, list[dict[str, float]]]:  # fmt: skip
     """After an exchange: evaluate when the schedule says so (in line, or handed to
-    ``evaluator``), log what finished and decide whether the run is done.
+    ``evaluator``), log what finished and decide whether the run is done. Returns the counters
+    after it and the history rows of the evaluations that finished (``start``: the wall clock's
+    zero, from which the rows' seconds count).
 
     Data parallel (``rank`` set: this process's among ``world``): only rank 0 evaluates, in
     line; its rows get ``extra()``'s keys, and a target it reaches is voted at the next
@@ -79,48 +86,53 @@ def run_evaluations(
     limit = at_limit(cfg, run, world, loader if rank is None else None)
     due = run.fresh >= run.next_eval or limit
     if due:
-        run.next_eval = (run.fresh // cfg.eval_every + 1) * cfg.eval_every
+        run = replace(run, next_eval=(run.fresh // cfg.eval_every + 1) * cfg.eval_every)
+    rows: list[dict[str, float]] = []
     t0 = time.perf_counter()
     if evaluator is None:
         if due and rank in (None, 0):
             result = periodic_evaluation(cfg, on_cpu(model), data.eval_set)
-            run.eval_seconds += time.perf_counter() - t0
-            row = history_row(cfg, run, loader, *result, time.perf_counter() - start,
-                              extra() if extra else None)  # fmt: skip
-            record_evaluation(cfg, run, history, say, row, result, row["seconds"],
-                              vote=rank is not None)  # fmt: skip
+            run = replace(run, eval_seconds=run.eval_seconds + time.perf_counter() - t0)
+            row, run = history_row(cfg, run, loader, *result, time.perf_counter() - start,
+                                   extra() if extra else None)  # fmt: skip
+            row, run = record_evaluation(cfg, run, say, row, result, row["seconds"],
+                                         vote=rank is not None)  # fmt: skip
+            rows.append(row)
     else:
         # Results first (one snapshot at a time: a due evaluation waits for the last), so
         # that a run done at its target keeps that target's snapshot in the evaluator.
         for row, result in evaluator.wait() if due else evaluator.poll():
-            record_evaluation(cfg, run, history, say, row, result, time.perf_counter() - start)
+            row, run = record_evaluation(cfg, run, say, row, result, time.perf_counter() - start)
+            rows.append(row)
         if due and not run.done:  # the row: the snapshot's figures; its metric comes later
-            row = history_row(cfg, run, loader, float("nan"), 0, time.perf_counter() - start)
+            row, run = history_row(cfg, run, loader, float("nan"), 0, time.perf_counter() - start)
             evaluator.submit(model, row)
             if limit:
                 for row, result in evaluator.wait():
-                    record_evaluation(
-                        cfg, run, history, say, row, result, time.perf_counter() - start
+                    row, run = record_evaluation(
+                        cfg, run, say, row, result, time.perf_counter() - start
                     )
-        run.eval_seconds += (time.perf_counter() - t0) if due else 0.0
-    run.done = run.done or limit
+                    rows.append(row)
+        if due:
+            run = replace(run, eval_seconds=run.eval_seconds + time.perf_counter() - t0)
+    return replace(run, done=run.done or limit), rows
 
 
 def record_evaluation(
-    cfg: TrainConfig, run: RunCounters, history: list, say: Callable[[str], None],
-    row: dict[str, float], result: tuple[float, int], known: float, *, vote: bool = False,
-) -> None:  # fmt: skip
-    """Record one finished evaluation; ``known``: when the run learned its result. ``vote``:
-    a target reached stops the run at the next exchange, not here (data parallel)."""
+    cfg: TrainConfig, run: RunCounters, say: Callable[[str], None], row: dict[str, float],
+    result: tuple[float, int], known: float, *, vote: bool = False,
+) -> tuple[dict[str, float], RunCounters]:  # fmt: skip
+    """One finished evaluation: ``row`` with its ``result`` in (the history's row; logged) and
+    the counters with a target it reached. ``known``: when the run learned the result.
+    ``vote``: a target reached stops the run at the next exchange, not here (data parallel)."""
     metric, screened = result
-    row.update({metric_key(cfg): metric, "screened": screened})
-    history.append(row)
+    row = {**row, metric_key(cfg): metric, "screened": screened}
     say(log_line(cfg, row))
     reached = cfg.target is not None and not screened and better(cfg, metric, cfg.target)
     if reached and run.to_target is None:
-        run.to_target = TargetHit(int(row["fresh"]), int(row["steps"]), known)
-        run.stop_vote = vote
-    run.done = run.done or (reached and cfg.stop_at_target and not vote)
+        hit = TargetHit(int(row["fresh"]), int(row["steps"]), known)
+        run = replace(run, to_target=hit, stop_vote=vote)
+    return row, replace(run, done=run.done or (reached and cfg.stop_at_target and not vote))
 
 
 def periodic_evaluation(cfg: TrainConfig, model: torch.nn.Module, split: tuple) -> tuple:
