@@ -39,7 +39,7 @@ class Case:
     kind: str
     echo: float | str = 1
     where: str = "-"  # dataecho's insertion point; "-" for the peers
-    shuffle_buffer: int = 0  # dataecho's post-echo shuffle buffer (examples, or batches)
+    shuffle_buffer: int = 0  # dataecho's post-echo shuffle buffer, in examples
     batch_augment: bool = False  # dataecho: augment whole batches (batch_transform) instead
     # dataecho's worker state snapshots (for checkpoints): True = the loader's default
     # interval, False = none (no checkpoints then, like the peers), a number = that interval.

@@ -19,7 +19,7 @@ class Settings:
     raw_seconds: float = 1.0  # per raw echo-stage measurement
     raw_factor: int = 4
     example_shuffle: int = 1024  # dataecho's example-level shuffle buffer, in examples
-    batch_shuffle: int = 8  # dataecho's batch-level shuffle buffer, in batches
+    batch_shuffle: int = 8  # dataecho's batch-level shuffle buffer, in batches' worth
     auto_wheres: tuple[str, ...] = ("batch", "before_augment")
     max_echo_factor: float = 16
     quality_factor: int = 4
@@ -73,13 +73,13 @@ class Settings:
             Case("dataecho", e, "before_augment", self.example_shuffle),
             Case("dataecho", e, "after_augment", self.example_shuffle),
             Case("dataecho", e, "batch"),
-            Case("dataecho", e, "batch", self.batch_shuffle),
+            Case("dataecho", e, "batch", self.batch_shuffle * self.batch_size),
             Case("dataecho", e, "before_augment", self.example_shuffle, batch_augment=True),
             *(Case("dataecho", "auto", w) for w in self.auto_wheres),
             # Like for like with the peers, which cannot checkpoint: no worker state snapshots.
             Case("dataecho", e, "before_augment", snapshots=False),
             Case("dataecho", e, "before_augment", self.example_shuffle, snapshots=False),
-            Case("dataecho", e, "batch", self.batch_shuffle, snapshots=False),
+            Case("dataecho", e, "batch", self.batch_shuffle * self.batch_size, snapshots=False),
             Case(
                 "dataecho",
                 e,
@@ -96,7 +96,7 @@ class Settings:
             Case("dataloader"),
             Case("monai", e),
             Case("adjacent", e),
-            Case("dataecho", e, "batch", self.batch_shuffle),
+            Case("dataecho", e, "batch", self.batch_shuffle * self.batch_size),
             Case("dataecho", e, "before_augment", self.example_shuffle),
         ]
 

@@ -35,9 +35,13 @@ def cases(s: Any) -> list[Case]:
     return [
         Case("dataloader"),
         *(Case("monai", e) for e in s.target_factors),
-        *(Case("dataecho", e, "batch", s.batch_shuffle) for e, w in fixed if w == "batch"),
+        *(
+            Case("dataecho", e, "batch", s.batch_shuffle * s.batch_size)
+            for e, w in fixed
+            if w == "batch"
+        ),
         *(Case("dataecho", e, "before_augment", **ex) for e, w in fixed if w != "batch"),
-        Case("dataecho", "auto", "batch", s.batch_shuffle),
+        Case("dataecho", "auto", "batch", s.batch_shuffle * s.batch_size),
         Case("dataecho", "auto", "before_augment", **ex),
     ]
 

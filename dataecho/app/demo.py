@@ -56,10 +56,10 @@ def shuffle_batches(where: str) -> int:
 
 
 def shuffle_buffer(where: str, batches: int | None, batch_size: int) -> int:
-    """``batches`` (None: the demo's for ``where``) in ``where``'s unit: whole batches for
-    "batch", else examples (the device's mixing too)."""
+    """``batches`` (None: the demo's for ``where``) of ``batch_size`` examples, as the
+    loader's ``shuffle_buffer`` counts them."""
     batches = shuffle_batches(where) if batches is None else batches
-    return batches * (1 if point_named(where).buffer_unit == "batches" else batch_size)
+    return batches * batch_size
 
 
 # The echoed runs' insertion point: after the host-to-device copy (the CPU device here), so the

@@ -155,8 +155,9 @@ class LoaderOptions:
             why=BUFFER_WHY,
             hint="use 0 for no post-echo shuffling (each example's copies side by side)",
         ),
-        "post-echo shuffle buffer in examples (whole batches for where=batch; for where=device, "
-        "examples of the copies mixed across batches on the device); 0 or 1 = none. Where "
+        "post-echo shuffle buffer in examples (for where=batch a multiple of batch_size: it "
+        "shuffles whole batches; for where=device, the copies' examples mixed across batches "
+        "on the device); 0 or 1 = none. Where "
         "examples are echoed (before_augment, after_augment) no batch then holds two copies of "
         "one example while the buffer has others to give. Default: "
         f"{SPREAD_BATCHES} batches' worth where examples are echoed (at a factor above 1, or "

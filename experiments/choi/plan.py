@@ -87,13 +87,12 @@ def cells(plan: Plan, wp: WorkloadPlan) -> list[tuple[Condition, int]]:
     for bs in wp.batch_sizes:
         out.append((Condition(1.0, wp.wheres[0], 0, bs), plan.main_seeds))
         for where in wp.wheres:
-            per = 1 if where == "batch" else bs  # batch echoing shuffles whole batches
             for e in plan.factors[1:]:
                 if e in plan.minor_factors and where != wp.wheres[0]:
                     continue
                 main = where == wp.wheres[0] and e in plan.main_factors
                 seeds = plan.main_seeds if main else plan.other_seeds
-                out.append((Condition(e, where, plan.shuffle_batches * per, bs), seeds))
+                out.append((Condition(e, where, plan.shuffle_batches * bs, bs), seeds))
             for e in plan.unshuffled_factors:
                 out.append((Condition(e, where, 0, bs), plan.other_seeds))
     return out

@@ -166,7 +166,7 @@ def _plan_text(plan: Any) -> str:
              f"{list(plan.main_factors)}, {plan.other_seeds} for every other cell; e in "
              f"{list(plan.minor_factors)} only at the first insertion point; no-shuffle "
              f"cells only at e in {list(plan.unshuffled_factors)}; large shuffle = "
-             f"{plan.shuffle_batches} batches' worth (examples, or batches for batch echoing)."]  # fmt: skip
+             f"{plan.shuffle_batches} batches' worth of examples."]  # fmt: skip
     for wp in plan.workloads:
         lines.append(f"- {wp.name}: target {wp.target:g}, batch sizes {list(wp.batch_sizes)}, "
                      f"insertion points {list(wp.wheres)}, evaluation every min({wp.eval_every}, "

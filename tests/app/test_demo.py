@@ -206,7 +206,7 @@ def test_where_flag_reaches_the_echoed_runs(flags):
     # batches for where=batch, else examples (the device mixes the copies' examples).
     batches = 40 if where == "device" else 10
     assert shuffle_batches(where) == batches
-    per_batch = 1 if where == "batch" else QUICK.batch_size
+    per_batch = QUICK.batch_size  # examples at every insertion point
     assert [c.shuffle_buffer for c in configs] == [0, batches * per_batch, batches * per_batch]
 
 
@@ -223,7 +223,7 @@ def test_shuffle_batches_sizes_the_echoed_runs_buffer_in_batches_worth(where):
     add_demo_arguments(parser)
     args = parser.parse_args(["--where", where, "--shuffle-batches", "25"])
     configs = _configs("http://127.0.0.1:1", QUICK, args, target=0.3)
-    per_batch = 1 if where == "batch" else QUICK.batch_size
+    per_batch = QUICK.batch_size  # examples at every insertion point
     assert [c.shuffle_buffer for c in configs] == [0, 25 * per_batch, 25 * per_batch]
 
 
@@ -276,7 +276,7 @@ def test_the_demo_checks_every_runs_settings_before_writing_shards(tmp_path, cap
     work = tmp_path / "work"
     with pytest.raises(SystemExit):  # at the flag's own limit: argparse takes it
         main(["demo", "--work-dir", str(work), "--shuffle-batches", "131073"])
-    args = argparse.Namespace(where="batch", shuffle_batches=2**25, seed=0, augment_pad=2,
+    args = argparse.Namespace(where="batch", shuffle_batches=2**19, seed=0, augment_pad=2,
                               data_dir=DEFAULT_DATA_DIR, echo_factor=4.0, max_echo_factor=8.0,
                               quick=True, budget=None, target=None, work_dir=work,
                               runs_dir=tmp_path / "runs", upstream_ratio=4.0, bandwidth=None,

@@ -50,11 +50,11 @@ def test_a_run_that_misses_the_target_is_shown_as_not_reached():
     assert row == ["pad 1 + flip", "not reached / 1,000", "500 / 250", "- / 4.00x", "-"]
 
 
-def test_the_shuffle_buffer_is_counted_in_the_insertion_points_unit():
+def test_the_shuffle_buffer_is_counted_in_examples_at_every_insertion_point():
     def buffer(where: str) -> int:
         return augmentation.shuffle_buffer(augmentation.parse_args(["--where", where]))
 
     # The demo's default for each insertion point.
     assert buffer("before_augment") == 10 * 128  # examples
     assert buffer("device") == 40 * 128  # examples, the device's mixing pool
-    assert buffer("batch") == 10  # whole batches
+    assert buffer("batch") == 10 * 128  # examples, shuffled in whole batches

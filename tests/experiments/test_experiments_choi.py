@@ -73,7 +73,7 @@ def test_full_grid_covers_every_factor_and_insertion_point() -> None:
                                       and c.where == wp.wheres[0]):  # fmt: skip
                 assert n >= 3
             if c.where == "batch" and c.shuffle_buffer:
-                assert c.shuffle_buffer == plan.shuffle_batches  # in batches, not examples
+                assert c.shuffle_buffer == plan.shuffle_batches * c.batch_size  # examples
 
 
 def _row(e: float, fresh: float, where: str = "batch") -> dict:

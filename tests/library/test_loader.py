@@ -127,7 +127,7 @@ def test_batch_echoing_repeats_whole_batches():
 
 def test_batch_echoing_with_shuffle_spreads_copies():
     loader = EchoingDataLoader(
-        Numbers(80), batch_size=4, echo_factor=2, where="batch", shuffle_buffer=8, seed=0
+        Numbers(80), batch_size=4, echo_factor=2, where="batch", shuffle_buffer=32, seed=0
     )
     batches = [tuple(ys.tolist()) for _, ys in loader]
     assert collections.Counter(batches) == {b: 2 for b in set(batches)}

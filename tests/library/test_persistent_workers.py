@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::dataecho.IdenticalCopiesWarning
 CASES = {
     "before_augment": dict(where="before_augment", echo_factor=2, shuffle_buffer=5,
                            transform=add_noise),
-    "batch": dict(where="batch", echo_factor=2, shuffle_buffer=3, transform=add_noise),
+    "batch": dict(where="batch", echo_factor=2, shuffle_buffer=12, transform=add_noise),
     "device": dict(where="device", echo_factor=2, shuffle_buffer=6, transform=add_noise),
     "shuffle": dict(shuffle=True, echo_factor=1.5, transform=add_noise),
     "sampler": dict(sampler="distributed", echo_factor=2, transform=add_noise),

@@ -116,6 +116,5 @@ def test_every_point_answers_every_question(name):
     point: InsertionPoint = POINTS[name]
     opts = LoaderOptions(batch_size=8, echo_factor=2, where=name)
     assert opts.point is point and point.name == name
-    assert point.buffer_unit in ("examples", "batches")
     assert point.takes_loader == point.batch_level
     assert set(point.counting(opts)) == {"deferred", "counted_downstream"}

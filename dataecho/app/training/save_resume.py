@@ -294,10 +294,7 @@ def checkpoint_bytes(cfg: TrainConfig, model: torch.nn.Module, *, loaders: int =
     """
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     per_example = workloads.get(cfg.workload).example_bytes(cfg)
-    shuffled = cfg.shuffle_buffer * (
-        cfg.batch_size if cfg.loader.point.buffer_unit == "batches" else 1
-    )
-    buffered = (shuffled + 2 * cfg.batch_size) * per_example * max(1, cfg.num_workers)
+    buffered = (cfg.shuffle_buffer + 2 * cfg.batch_size) * per_example * max(1, cfg.num_workers)
     factor = cfg.max_echo_factor if cfg.echo_factor == "auto" else cfg.echo_factor
     steps = cfg.max_steps or math.ceil(cfg.budget * factor / cfg.batch_size)
     # A float64 per step; capped so that a huge budget, which a target usually cuts short,

@@ -4,7 +4,7 @@ of a point that echoes examples in the workers (overridden where a point differs
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
@@ -27,8 +27,6 @@ class InsertionPoint:
     name: ClassVar[str]
     #: The echo stage repeats whole batches, in the training process.
     batch_level: ClassVar[bool] = False
-    #: What ``shuffle_buffer`` counts here.
-    buffer_unit: ClassVar[Literal["examples", "batches"]] = "examples"
     #: The batches are echoed on ``device`` (``device=`` and ``device_transform=`` apply).
     on_device: ClassVar[bool] = False
     #: A dataset's own transform runs on each copy, lifted out of ``__getitem__``.

@@ -3,6 +3,7 @@ the training device after one copy there (``device``)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +46,23 @@ class _BatchEcho(InsertionPoint):
 
 
 class Batch(_BatchEcho):
-    """Echo -> shuffle of whole batches in the main process; ``shuffle_buffer`` counts
-    batches."""
+    """Echo -> shuffle of whole batches in the main process: the shuffle buffer holds
+    ``shuffle_buffer // batch_size`` batches (its examples in whole batches)."""
 
     name = "batch"
-    buffer_unit = "batches"
+
+    def check(self, opts: Options) -> None:
+        super().check(opts)
+        buffer = opts.shuffle_buffer or 0
+        if buffer > 1 and buffer % opts.batch_size:
+            whole = buffer // opts.batch_size
+            warnings.warn(
+                f"shuffle_buffer={buffer} with where='batch': the buffer shuffles whole batches, "
+                f"so it holds {whole} batch(es) of batch_size={opts.batch_size} "
+                f"({whole * opts.batch_size} examples); pass a multiple of batch_size, e.g. "
+                f"shuffle_buffer={max(1, whole) * opts.batch_size}",
+                stacklevel=2,
+            )
 
     def main_stages(
         self,
@@ -66,8 +79,9 @@ class Batch(_BatchEcho):
             node = echo_stage(node, opts, seed(STAGE_ECHO), copy=opts.copy,
                               length=fresh_batches(), pinned=pinned)  # fmt: skip
         counting = node if opts.adaptive else None
-        if opts.shuffle_buffer and opts.shuffle_buffer > 1:
-            node = Shuffle(node, opts.shuffle_buffer, seed=seed(STAGE_SHUFFLE))
+        batches = (opts.shuffle_buffer or 0) // opts.batch_size
+        if batches > 1:
+            node = Shuffle(node, batches, seed=seed(STAGE_SHUFFLE))
         return node, counting
 
     def counting(self, opts: Options) -> dict[str, bool]:
