@@ -120,7 +120,7 @@ def echoing(dataset: Any, where: str, factor: Any, workers: int, **kwargs: Any) 
     transform = jitter if where == "before_augment" else None
     return EchoingDataLoader(dataset, batch_size=8, num_workers=workers, seed=0,
                              echo_factor=factor, where=where, transform=transform,
-                             device="cpu" if where == "device" else None, **kwargs)  # fmt: skip
+                             echo_device="cpu" if where == "device" else None, **kwargs)  # fmt: skip
 
 
 def check_epochs(loader: Any, factor: Any, epochs: int = 2) -> list[list[int]]:

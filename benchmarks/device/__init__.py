@@ -6,7 +6,7 @@
 Sections (one process, cases interleaved in rounds; report in bench-results/device/):
 
 1. correctness of ``where="device"``: each fresh batch of the no-echo loader e times in a row,
-   counts fresh / out / batches; on a GPU, the same batches and counts as ``device="cpu"``;
+   counts fresh / out / batches; on a GPU, the same batches and counts as ``echo_device="cpu"``;
    the shift-and-flip copies of one fresh batch differ and share no memory; same seed, same
    batches; a resume from ``state_dict()`` continues bit for bit; two ranks draw different
    augmentations; the time of a ``state_dict()`` per step; on CUDA, no host sync per batch,

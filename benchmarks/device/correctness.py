@@ -7,7 +7,7 @@ Each check is one row (name, passed, detail):
   no-echo loader (same seed) e times in a row, transformed, and counts fresh = the dataset,
   out = e x fresh.
 - *device vs CPU* (only when the device is not the CPU): the same loader on the device and on
-  ``device="cpu"``: equal batches (float tolerance) and equal counts. With the deterministic
+  ``echo_device="cpu"``: equal batches (float tolerance) and equal counts. With the deterministic
   transform: a random op draws from a generator on each device, and CUDA's (Philox) and the
   CPU's (Mersenne Twister) give different numbers for one seed.
 - *fresh copies*: with the shift-and-flip op, the e copies of one fresh batch are all on the

@@ -210,7 +210,7 @@ def build_loader(spec: LoaderSpec, data: Any, mode: str, e: float, aug: Any) -> 
         return EchoingDataLoader(data, where="before_augment", batch_transform=aug, **shared)
     if mode in ("device", "device_mixed"):
         mix = MIX_BATCHES * spec.batch_size if mode == "device_mixed" else 0
-        return EchoingDataLoader(data, where="device", device=spec.device, device_transform=aug,
+        return EchoingDataLoader(data, where="device", echo_device=spec.device, device_transform=aug,
                                  shuffle_buffer=mix, **shared)  # fmt: skip
     raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 

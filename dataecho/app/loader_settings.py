@@ -48,10 +48,10 @@ RUN_LOADER_CHECKS: dict[str, Check] = {
     ),
 }  # fmt: skip
 
-# make_loader sets these loader fields from the workload's data, and the loader's device (where
+# make_loader sets these loader fields from the workload's data, and the loader's echo_device (where
 # where="device" echoes) from the run's training device; the others are run settings.
 LOADER_FROM_DATA = ("transform", "batch_transform", "device_transform", "shuffle", "drop_last")
-LOADER_FROM_RUN = ("device",)
+LOADER_FROM_RUN = ("echo_device",)
 LOADER_FIELDS = {f.name: f for f in dataclasses.fields(LoaderOptions) if f.init}
 LOADER_KEYS = tuple(
     name for name in LOADER_FIELDS if name not in LOADER_FROM_DATA + LOADER_FROM_RUN

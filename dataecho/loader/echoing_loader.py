@@ -124,7 +124,7 @@ class EchoingDataLoader:
                            initialised process group, else ``RANK``/``WORLD_SIZE``); with one
                            (``DistributedSampler``), the sampler's share, never split again
     ``pin_memory``         with ``where="device"`` on CUDA, on whatever is passed: each fresh
-                           batch is copied from pinned memory to ``device`` once, and echoed
+                           batch is copied from pinned memory to ``echo_device`` once, and echoed
                            there (:mod:`dataecho.loader.device`)
     several iterators      a new ``iter()`` (or ``load_state_dict``) ends the previous one:
                            its ``next()`` raises ``RuntimeError`` (the state belongs to one
@@ -145,7 +145,7 @@ class EchoingDataLoader:
     Echo args (keyword-only): each of :class:`~dataecho.loader.options.LoaderOptions`' fields
     (``echo_factor``, ``max_echo_factor``, ``reuse_buffer``, ``reuse_policy``, ``where``,
     ``shuffle_buffer``, ``transform``, ``batch_transform``, ``copy``, ``read_ahead``,
-    ``device``, ``device_transform``), with the meaning and default its help gives; None (the
+    ``echo_device``, ``device_transform``), with the meaning and default its help gives; None (the
     default here) takes that default. Or pass them all at once:
 
         options: a :class:`~dataecho.loader.options.LoaderOptions`, instead of the echo
@@ -189,7 +189,7 @@ class EchoingDataLoader:
         seed: int | None = None,
         copy: bool | None = None,
         read_ahead: int | None = None,
-        device: str | torch.device | None = None,
+        echo_device: str | torch.device | None = None,
         device_transform: Callable[..., Any] | None = None,
         snapshot_every_n_steps: int | None = None,
         options: LoaderOptions | None = None,
@@ -198,7 +198,7 @@ class EchoingDataLoader:
                     reuse_buffer=reuse_buffer, reuse_policy=reuse_policy, where=where,
                     shuffle_buffer=shuffle_buffer, transform=transform,
                     batch_transform=batch_transform, copy=copy, read_ahead=read_ahead,
-                    device=device, device_transform=device_transform)  # fmt: skip
+                    echo_device=echo_device, device_transform=device_transform)  # fmt: skip
         self.num_workers = _validate.non_negative_int(
             num_workers, name="num_workers", hint="use 0 to read in the main process",
             high=_validate.MAX_WORKERS, why=_validate.WORKERS_WHY,
@@ -245,8 +245,8 @@ class EchoingDataLoader:
         self.stats = EchoStats()
         opts = self.options
         # where="device": the device batches are echoed on (checked here, where it must exist).
-        # LoaderOptions derives opts.device for where="device": it is a str there.
-        self._device = resolve_device(cast(str, opts.device)) if opts.point.on_device else None
+        # LoaderOptions derives opts.echo_device for where="device": it is a str there.
+        self._device = resolve_device(cast(str, opts.echo_device)) if opts.point.on_device else None
         self._pipeline = PipelineDataset(
             dataset, opts, self.collate_fn, persistent_workers=self.persistent_workers
         )

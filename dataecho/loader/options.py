@@ -202,7 +202,7 @@ class LoaderOptions:
         "batches)",
         None,
     )  # fmt: skip
-    device: str | None = _setting(
+    echo_device: str | None = _setting(
         DeviceName(),
         "with where=device: the device batches are echoed on, e.g. 'cuda' (default: 'cpu', "
         "the same code path in the training process; pass the training GPU to echo there)",

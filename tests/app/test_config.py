@@ -385,9 +385,11 @@ def test_a_bad_device_names_the_flag_or_key_the_value_and_the_choices(tmp_path, 
 
 
 def test_the_loaders_device_comes_from_the_runs():
-    message = r"loader.device='cpu': .* from the run's device setting; pass device= \(--device\)"
+    message = (
+        r"loader.echo_device='cpu': .* from the run's device setting; pass device= \(--device\)"
+    )
     with pytest.raises(ValueError, match=message):
-        TrainConfig(loader=LoaderOptions(batch_size=8, where="device", device="cpu"))
+        TrainConfig(loader=LoaderOptions(batch_size=8, where="device", echo_device="cpu"))
     # Its derived default (the CPU, for where="device") is no setting of the user's.
     cfg = TrainConfig(loader=LoaderOptions(batch_size=8, where="device"), device="cpu")
     assert cfg.where == "device" and cfg.device == "cpu"

@@ -373,7 +373,7 @@ def test_the_training_device_is_one_setting_for_every_insertion_point(tiny, data
     for where in ("before_augment", "batch", "device"):
         loader = make_loader(tiny(where=where, device="cpu"), data, device=torch.device("cpu"))
         # The loader echoes on the training device only where it echoes on a device at all.
-        assert loader.options.device == ("cpu" if where == "device" else None), where
+        assert loader.options.echo_device == ("cpu" if where == "device" else None), where
         assert loader.pin_memory is False  # pinned host memory only for copies to CUDA
 
 

@@ -493,7 +493,7 @@ def test_batch_auto_counts_each_fresh_example_once_across_a_resume_anywhere(
     def make() -> EchoingDataLoader:
         return EchoingDataLoader(
             Thirty(), batch_size=4, echo_factor="auto", max_echo_factor=2, where=where,
-            device="cpu" if where == "device" else None, shuffle=True,
+            echo_device="cpu" if where == "device" else None, shuffle=True,
             shuffle_buffer=shuffle_buffer, num_workers=num_workers, seed=0,
         )  # fmt: skip
 

@@ -325,12 +325,15 @@ def test_states_hold_host_tensors_only():
 
 def test_options_for_the_device_derive_their_defaults():
     opts = LoaderOptions(batch_size=8, echo_factor="auto", where="device")
-    assert opts.device == "cpu" and opts.batch_level
+    assert opts.echo_device == "cpu" and opts.batch_level
     assert (opts.reuse_buffer, opts.reuse_policy, opts.read_ahead) == (1, "latest", 0)
-    assert opts.as_given()["device"] is None  # derived, so a copy derives it again
-    assert opts.with_changes(where="batch").device is None
-    assert LoaderOptions(batch_size=8, where="device", device=torch.device("cpu")).device == "cpu"
-    assert LoaderOptions(batch_size=8, where="device", device="cuda:1").device == "cuda:1"
+    assert opts.as_given()["echo_device"] is None  # derived, so a copy derives it again
+    assert opts.with_changes(where="batch").echo_device is None
+    assert (
+        LoaderOptions(batch_size=8, where="device", echo_device=torch.device("cpu")).echo_device
+        == "cpu"
+    )
+    assert LoaderOptions(batch_size=8, where="device", echo_device="cuda:1").echo_device == "cuda:1"
     assert device_loader(echo_factor=4).prefetch_factor is None  # no workers: DataLoader's
     assert device_loader(echo_factor=4, num_workers=1).prefetch_factor == 2  # fresh batches only
 
@@ -338,11 +341,11 @@ def test_options_for_the_device_derive_their_defaults():
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
     [
-        ({"device": "cpu"}, ValueError, ["device='cpu'", "where='device'", "before_augment"]),
+        ({"echo_device": "cpu"}, ValueError, ["echo_device='cpu'", "where='device'", "before_augment"]),
         ({"where": "batch", "device_transform": Jitter()}, ValueError,
          ["device_transform=", "where='device'", "batch_transform="]),
-        ({"where": "device", "device": "gpu"}, ValueError, ["device", "'gpu'", "'cuda'", "'cpu'"]),
-        ({"where": "device", "device": 0}, TypeError, ["device", "0", "int", "'cuda'"]),
+        ({"where": "device", "echo_device": "gpu"}, ValueError, ["echo_device", "'gpu'", "'cuda'", "'cpu'"]),
+        ({"where": "device", "echo_device": 0}, TypeError, ["echo_device", "0", "int", "'cuda'"]),
         ({"where": "device", "device_transform": 3}, TypeError, ["device_transform", "callable"]),
         ({"where": "device", "device_transform": lambda batch: batch}, TypeError,
          ["generator=", "generator=None", "dataecho.augment"]),
@@ -359,7 +362,7 @@ def test_bad_device_settings_name_value_range_and_fix(kwargs, error, words):
 @pytest.mark.skipif(HAVE_CUDA, reason="checks the message given where CUDA is missing")
 def test_cuda_without_a_gpu_names_the_fix():
     with pytest.raises(ValueError, match="CUDA is not available.*device='cpu'"):
-        device_loader(echo_factor=2, device="cuda")
+        device_loader(echo_factor=2, echo_device="cuda")
 
 
 @pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA device")
@@ -369,7 +372,7 @@ def test_cuda_copies_match_the_cpu_path_and_resume_exactly(factor):
     def make(device, **kwargs):
         return EchoingDataLoader(
             Images(40), batch_size=4, echo_factor=factor, max_echo_factor=3, where="device",
-            device=device, num_workers=1, seed=2, shuffle=True, **kwargs,
+            echo_device=device, num_workers=1, seed=2, shuffle=True, **kwargs,
         )  # fmt: skip
 
     got = list(make("cuda"))

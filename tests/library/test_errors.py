@@ -276,7 +276,7 @@ BAD_ARGUMENTS = {
     "LoaderOptions transform=3": (
         lambda: dataecho.LoaderOptions(batch_size=2, transform=3), TypeError),
     "LoaderOptions device without where=device": (
-        lambda: dataecho.LoaderOptions(batch_size=2, device="cpu"), ValueError),
+        lambda: dataecho.LoaderOptions(batch_size=2, echo_device="cpu"), ValueError),
     # The stages.
     "echo factor=0": (lambda: dataecho.echo(DATA, 0), ValueError),
     "echo factor='x'": (lambda: dataecho.echo(DATA, "x"), TypeError),

@@ -495,7 +495,7 @@ def test_on_the_device_only_the_users_batches_are_tensors_in_the_state(buffer):
     # The batches held for their copies are the user's data, on the device as tensors; the
     # augmentation's batch number and the pool's bookkeeping are plain numbers and lists.
     loader = EchoingDataLoader(list(range(30)), batch_size=4, echo_factor=2.5, seed=0,
-                               where="device", device="cpu", shuffle_buffer=buffer)  # fmt: skip
+                               where="device", echo_device="cpu", shuffle_buffer=buffer)  # fmt: skip
     it = iter(loader)
     for _ in range(5):
         next(it)

@@ -96,7 +96,7 @@ def test_a_new_insertion_point_is_one_class_registered(toy):
     ]  # fmt: skip
     assert (loader.stats.fresh_examples, loader.stats.items_out) == (12, 24)
     with pytest.raises(DataechoValueError, match="toy_reversed"):
-        EchoingDataLoader(data, batch_size=4, where="toy_reversed", device="cpu")
+        EchoingDataLoader(data, batch_size=4, where="toy_reversed", echo_device="cpu")
 
 
 def test_an_unknown_point_is_refused_with_the_registered_ones():

@@ -134,7 +134,7 @@ def users_loader() -> StatefulDataLoader:
 def test_the_users_stateful_dataloader_is_the_upstream_with_one_exact_state(where):
     def make():
         return EchoingDataLoader(users_loader(), echo_factor=2.5, where=where, seed=0,
-                                 device="cpu" if where == "device" else None)  # fmt: skip
+                                 echo_device="cpu" if where == "device" else None)  # fmt: skip
 
     loader = make()
     assert len(loader) == 25  # its 10 batches, 5 of them a third time

@@ -96,7 +96,7 @@ def test_the_users_own_streaming_dataloader_is_the_upstream_of_batch_echo(s3, wh
     def make() -> EchoingDataLoader:
         users = streaming.StreamingDataLoader(dataset(s3), batch_size=8, num_workers=2)
         return EchoingDataLoader(users, echo_factor=2, where=where, seed=0,
-                                 device="cpu" if where == "device" else None)  # fmt: skip
+                                 echo_device="cpu" if where == "device" else None)  # fmt: skip
 
     check_users_loader(make, batches=24)
 

@@ -22,7 +22,7 @@ def make_loader(
     """
     device = device or torch.device("cpu")
     point = cfg.loader.point
-    changes = {"device": str(device)} if point.on_device else {}
+    changes = {"echo_device": str(device)} if point.on_device else {}
     augmentations = (data.transform, data.batch_transform, data.device_transform)
     if point.lifts_dataset_transform and all(a is None for a in augmentations):
         # Nothing augments this workload's examples (char-lm in memory): their copies are

@@ -59,17 +59,17 @@ class InsertionPoint:
     def check(self, opts: Options) -> None:
         """Refuse options this point cannot honour (a clear error naming the fix); here, the
         device's options, which only a point on the device takes."""
-        if opts.device is not None:
+        if opts.echo_device is not None:
             raise DataechoValueError(
-                f"device={opts.device!r} applies to where='device' only (the echo stage runs "
-                f"on that device), but where={opts.where!r}; pass where='device' to echo on "
-                f"{opts.device!r}, or drop device= (batches stay on the host)"
+                f"echo_device={opts.echo_device!r} applies to where='device' only (the echo "
+                f"stage runs on that device), but where={opts.where!r}; pass where='device' to "
+                f"echo on {opts.echo_device!r}, or drop echo_device= (batches stay on the host)"
             )
         if opts.device_transform is not None:
             raise DataechoValueError(
                 f"device_transform={opts.device_transform!r} augments each copy on the "
                 f"device, only with where='device', but where={opts.where!r}; pass "
-                "where='device' (and device='cuda' or 'cpu'), or pass the augmentation as "
+                "where='device' (and echo_device='cuda' or 'cpu'), or pass the augmentation as "
                 "batch_transform= (run in the workers)"
             )
 

@@ -98,7 +98,7 @@ class Device(_BatchEcho):
 
     def defaults(self, opts: Options) -> dict[str, Any]:
         # Without device=: the same code path, on the host.
-        return {**super().defaults(opts), "device": "cpu"}
+        return {**super().defaults(opts), "echo_device": "cpu"}
 
     def check(self, opts: Options) -> None:
         if opts.device_transform is not None:
