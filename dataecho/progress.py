@@ -36,7 +36,7 @@ NON_TTY_REDRAW_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
-class ProgressSnapshot:
+class ProgressReading:
     """Counts since the view started (or over a window, see :meth:`minus`)."""
 
     steps: int
@@ -70,12 +70,12 @@ class ProgressSnapshot:
             return None
         return min(self.wait_seconds / self.wall_seconds, 1.0)
 
-    def minus(self, earlier: ProgressSnapshot) -> ProgressSnapshot:
-        """The window between ``earlier`` and this snapshot."""
+    def minus(self, earlier: ProgressReading) -> ProgressReading:
+        """The window between ``earlier`` and this reading."""
         wait = None
         if self.wait_seconds is not None and earlier.wait_seconds is not None:
             wait = self.wait_seconds - earlier.wait_seconds
-        return ProgressSnapshot(
+        return ProgressReading(
             self.steps - earlier.steps,
             self.examples - earlier.examples,
             self.fresh_examples - earlier.fresh_examples,
@@ -129,7 +129,7 @@ class TrainingProgress:
         self._epochs = 0
         self._steps, self._examples, self._fresh, self._wait = 0, 0, 0.0, 0.0
         self._fresh_given = self._wait_measured = False
-        self._final: ProgressSnapshot | None = None  # frozen by close()
+        self._final: ProgressReading | None = None  # frozen by close()
         self._stats_src: object = None
         self._stats_base: tuple[float, float, float | None] | None = None
         if loader is not None:
@@ -138,7 +138,7 @@ class TrainingProgress:
 
     def _restart_clock(self) -> None:
         self._start = time.perf_counter()
-        self._last = self.snapshot()
+        self._last = self.reading()
         self._next_refresh = self._start + self.refresh_seconds
 
     def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
@@ -212,7 +212,7 @@ class TrainingProgress:
             self._refresh()
 
     def _refresh(self) -> None:
-        now = self.snapshot()
+        now = self.reading()
         window, self._last = now.minus(self._last), now
         self._next_refresh = self._start + now.wall_seconds + self.refresh_seconds
         # Rates over the window; the echo factor since the start, because over a short window
@@ -229,7 +229,7 @@ class TrainingProgress:
             refresh=False,  # drawn at tqdm's next redraw: mininterval paces the output
         )
 
-    def snapshot(self) -> ProgressSnapshot:
+    def reading(self) -> ProgressReading:
         """The counts since the start (up to :meth:`close`, after which they stay fixed)."""
         if self._final is not None:
             return self._final
@@ -243,13 +243,13 @@ class TrainingProgress:
                 fresh = self._examples * d_fresh / d_out
             if wait is None and now[2] is not None and base[2] is not None:
                 wait = now[2] - base[2]
-        return ProgressSnapshot(
+        return ProgressReading(
             self._steps, self._examples, fresh, wait, time.perf_counter() - self._start
         )
 
     def summary(self) -> str:
         """One line: steps, examples, fresh examples, echo factor, rates, stall share, time."""
-        s = self.snapshot()
+        s = self.reading()
         stall = "n/a" if s.stall_fraction is None else f"{s.stall_fraction:.1%}"
         return (
             f"{self.desc}: {s.steps} steps, {s.examples} examples ({round(s.fresh_examples)} "
@@ -263,7 +263,7 @@ class TrainingProgress:
             return
         if not self._disable and self._steps:
             self._refresh()
-        self._final = self.snapshot()
+        self._final = self.reading()
         self._bar.close()
         if self._print_summary:
             print(self.summary(), file=self._file if self._file is not None else sys.stderr)

@@ -30,7 +30,7 @@ FACTOR = 4  # the demo's
 TARGET = 0.02  # of the step: the pool's budget on the training thread
 
 
-def fresh_batches(n: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_batches(n: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` batches shaped like the demo's on the device: uint8 28x28 images and labels."""
     g = torch.Generator().manual_seed(0)
     return [
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
     for _ in range(rounds):
         results.setdefault("step", []).append(cnn.measure_step_seconds(BATCH, 20, seq_len=0))
         for pool in POOLS:
-            batches = fresh_batches(max(length, 2 * pool + 10), device)
+            batches = make_batches(max(length, 2 * pool + 10), device)
             results.setdefault(f"pool {pool}", []).append(pool_seconds(pool, batches, device))
             results.setdefault(f"scan {pool}", []).append(scan_seconds(pool, device))
     median = {k: statistics.median(v) for k, v in results.items()}

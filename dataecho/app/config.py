@@ -239,9 +239,9 @@ class TrainConfig:
     )  # fmt: skip
     eval_in_background: bool = _opt(
         False, Bool(), "evaluation",
-        "evaluate a snapshot of the weights in a background thread while training goes on "
+        "evaluate a copy of the weights in a background thread while training goes on "
         "(dataecho.app.evaluation); a target counts as reached when that evaluation has finished, "
-        "and the run stops then, a few steps past the snapshot",
+        "and the run stops then, a few steps past the copy",
     )  # fmt: skip
     device: str | None = _opt(
         None, TrainingDevice(), "machine",

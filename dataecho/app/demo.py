@@ -80,7 +80,7 @@ class Plan:
     # echoed runs cannot hide evaluations behind the upstream as the no-echo run does, so
     # their cost matters.
     screen_examples: int = 1_000
-    # ... and in a background thread on a snapshot (dataecho.app.evaluation), so that a run with
+    # ... and in a background thread on a copy of the weights (dataecho.app.evaluation), so that a run with
     # no slack (echoing at e = R) need not stop for them either; a target counts when its
     # evaluation has finished.
     eval_in_background: bool = True

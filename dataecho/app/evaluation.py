@@ -1,17 +1,17 @@
-"""Evaluation in a background thread, on a snapshot of the weights, while training goes on.
+"""Evaluation in a background thread, on a copy of the weights, while training goes on.
 
 Why: an input-bound run that evaluates inside its training loop hides the evaluation behind the
 upstream only where the step has slack. Without echoing it has plenty (the loop waits on data
 anyway, and the upstream keeps reading during the evaluation); an echoing run at e = R has none,
 so each second of evaluation is a second more of wall time, and the comparison is skewed against
-echoing by the evaluation schedule rather than by the method. A snapshot evaluated by a second
+echoing by the evaluation schedule rather than by the method. A copy evaluated by a second
 thread uses the CPU that the waits leave idle (torch ops release the GIL).
 
-Honest accounting: a result belongs to the snapshot's fresh examples and steps, but the run only
+Honest accounting: a result belongs to the copy's fresh examples and steps, but the run only
 *knows* it when the evaluation has finished, so a time to target is the finishing time. One
 evaluation runs at a time: submitting while one is still running waits for it first (that wait
 is the training loop's evaluation time), so a schedule denser than evaluations can run slows
-training rather than queueing snapshots without bound.
+training rather than queueing copies without bound.
 """
 
 from __future__ import annotations
@@ -28,27 +28,27 @@ T = TypeVar("T")
 
 
 class BackgroundEvaluator(Generic[T]):
-    """Runs ``evaluate(snapshot)`` in one background thread; results come back in order.
+    """Runs ``evaluate(weights)`` in one background thread; results come back in order.
 
     Use as a context manager (``close`` on the way out: the thread never outlives the run).
     ``tag`` is anything the caller wants back with the result (e.g. the history row).
     """
 
     def __init__(self, model: nn.Module, evaluate: Callable[[nn.Module], T]) -> None:
-        self._snapshot = copy.deepcopy(model)  # one copy, refilled per evaluation
+        self._weights = copy.deepcopy(model)  # one copy, refilled per evaluation
         self._evaluate = evaluate
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataecho-eval")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataecho-eval")
         self._pending: tuple[Any, Future[T]] | None = None
 
     def submit(self, model: nn.Module, tag: Any) -> list[tuple[Any, T]]:
         """Evaluate ``model``'s weights as they are now; returns what finished before this.
 
-        Waits for a previous evaluation that is still running (one snapshot at a time).
+        Waits for a previous evaluation that is still running (one copy at a time).
         """
         finished = self.wait()
-        with torch.no_grad():  # copies into the snapshot's own tensors: never shared with model
-            self._snapshot.load_state_dict(model.state_dict())
-        self._pending = (tag, self._pool.submit(self._run))
+        with torch.no_grad():  # copies into the copy's own tensors: never shared with model
+            self._weights.load_state_dict(model.state_dict())
+        self._pending = (tag, self._executor.submit(self._run))
         return finished
 
     def poll(self) -> list[tuple[Any, T]]:
@@ -69,10 +69,10 @@ class BackgroundEvaluator(Generic[T]):
         return [(tag, future.result())]
 
     @property
-    def snapshot(self) -> nn.Module:
+    def weights(self) -> nn.Module:
         """The weights of the last submitted evaluation (a copy: training does not touch it);
         take its result first (``wait``), as the next ``submit`` overwrites them."""
-        return self._snapshot
+        return self._weights
 
     @property
     def busy(self) -> bool:
@@ -82,7 +82,7 @@ class BackgroundEvaluator(Generic[T]):
     def close(self) -> None:
         """Stop the thread; an evaluation still running is finished first (it cannot be cut)."""
         self._pending = None
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> BackgroundEvaluator[T]:
         return self
@@ -94,4 +94,4 @@ class BackgroundEvaluator(Generic[T]):
         # Grad mode is per thread: the evaluation thread starts with it on; evaluation
         # functions turn it off themselves, this only keeps stray autograd graphs out.
         with torch.no_grad():
-            return self._evaluate(self._snapshot)
+            return self._evaluate(self._weights)

@@ -180,9 +180,9 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
                                  else None, log=say, label=cfg.name)  # fmt: skip
         signals = rank.signals if rank is not None else StopSignals(enabled=False)
         comm_row = None if rank is None else rank.comm_row  # more keys in evaluation rows
-        evaluate_snapshot = functools.partial(periodic_evaluation, cfg, split=data.eval_set)
+        evaluate_copy = functools.partial(periodic_evaluation, cfg, split=data.eval_set)
         evaluator = (
-            BackgroundEvaluator(model, evaluate_snapshot)
+            BackgroundEvaluator(model, evaluate_copy)
             if cfg.eval_in_background and rank is None
             else None
         )
@@ -245,9 +245,9 @@ def train(config: TrainConfig, log: Callable[[str], None] = print) -> TrainResul
         # The workers have stopped (and were waited for): their CPU is counted now.
         worker_cpu = cpu_since(children_before, ended_children_cpu_seconds())
         # Stopped at a target found in the background: the final figures are those of the
-        # weights that reached it (the evaluator's snapshot), as they are in line.
+        # weights that reached it (the evaluator's copy), as they are in line.
         at_target = evaluator is not None and run.to_target is not None and cfg.stop_at_target
-        weights = evaluator.snapshot if at_target else model
+        weights = evaluator.weights if at_target else model
         final = (evaluate_split(cfg, on_cpu(weights), data.final_set, full=True)
                  if me in (None, 0) else (None, float("nan")))  # fmt: skip
     result = train_result(cfg, run, loader, final, history, losses, worker_cpu)

@@ -50,21 +50,21 @@ def batch_stages(
     seed: Seeds,
     *,
     device: Any = None,
-    fresh_batches: Callable[[], int | None] = lambda: None,
+    epoch_fresh_batches: Callable[[], int | None] = lambda: None,
     pinned: bool = False,
 ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
     """The main process's chain over the workers' batches, and its counting stage: the stage
     whose fresh batches count once it hands them on, or whose first deliveries of examples
     count (:meth:`~dataecho.loader.points.base.InsertionPoint.counting`), else None.
 
-    ``device``: the ``torch.device`` of a point on the device. ``fresh_batches``: the batches
+    ``device``: the ``torch.device`` of a point on the device. ``epoch_fresh_batches``: the batches
     the workers deliver this epoch, so that a fractional factor gives a fixed number of them an
     extra copy (and the epoch the ``len`` says). ``pinned``: the workers' batches come pinned
     (``pin_memory``), and so must the host's copies of them, for the training loop's
     ``non_blocking`` copy to the GPU.
     """
     return opts.point.main_stages(workers, opts, seed, device=device,
-                                  fresh_batches=fresh_batches, pinned=pinned)  # fmt: skip
+                                  epoch_fresh_batches=epoch_fresh_batches, pinned=pinned)  # fmt: skip
 
 
 def drain_stage(root: Any) -> Any:

@@ -38,7 +38,7 @@ from dataecho.loader.device import as_current, resolve_device
 from dataecho.loader.epoch_iterator import EpochIterator, EpochStart, WeakCall
 from dataecho.loader.fresh_count import FreshCount
 from dataecho.loader.inner import inner_loader, prefetch_depth
-from dataecho.loader.length import epoch_batches, fresh_batches
+from dataecho.loader.length import epoch_batches, epoch_fresh_batches
 from dataecho.loader.options import MAX_PREFETCH_FACTOR, LoaderOptions, loader_options
 from dataecho.loader.pipeline import PipelineDataset, over_stream
 from dataecho.loader.reading import finish_restored_pass, is_map_style, is_stateful
@@ -402,7 +402,7 @@ class EchoingDataLoader:
         pins = self.pin_memory or bool(getattr(self.dataset, "pin_memory", False))
         root, counting = batch_stages(
             workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, rank, stage),
-            device=self._device, fresh_batches=lambda: fresh_batches(self),
+            device=self._device, epoch_fresh_batches=lambda: epoch_fresh_batches(self),
             pinned=pins and torch.cuda.is_available(),
         )  # fmt: skip
         return root, count, counting

@@ -3,9 +3,9 @@
 Why one node: run as a chain of per-example nodes (echo, shuffle buffer, transform, batcher),
 every copy pays each node's call, a walk of its structure to copy it and a shuffle buffer's
 draw, about ten times what copying and collating the copy cost. Here a fresh example enters
-a pool as its copies' entries (references to the one original: nothing is copied yet); each
-batch takes its entries from the pool at once (the pool is kept in random order, so a batch is
-its last entries: see :meth:`ExampleBatches._from_pool`), and only then is each taken entry
+a buffer as its copies' entries (references to the one original: nothing is copied yet); each
+batch takes its entries from the buffer at once (the buffer is kept in random order, so a batch is
+its last entries: see :meth:`ExampleBatches._from_buffer`), and only then is each taken entry
 copied, where it must be, and handed to the per-example transform. Per copy that leaves one
 copy and the transform's call.
 
@@ -14,18 +14,18 @@ copy and the transform's call.
   fractional factor's extra copies a fixed number per epoch.
 - **Order**: without a shuffle buffer (``shuffle_buffer`` 0 or 1) the copies of each fresh
   example follow one another and each is augmented as its batch is formed, as the per-example
-  chain does. With one, each batch is a uniform draw without replacement from a pool of at
+  chain does. With one, each batch is a uniform draw without replacement from a buffer of at
   least ``shuffle_buffer + batch_size - 1`` entries (what a shuffle buffer of that size draws
-  a batch from); at the end of the source the pool drains. A batch holds at most one copy of
-  an example while the pool has others to give (a further one is swapped for a random entry
-  of the pool: :func:`_spread`).
+  a batch from); at the end of the source the buffer drains. A batch holds at most one copy of
+  an example while the buffer has others to give (a further one is swapped for a random entry
+  of the buffer: :func:`_spread`).
 - **Copies**: with ``copy``, every copy of an example echoed more than once is a new object
   (:func:`~dataecho.stages.copying.copy_item`) made from the pristine original, which never
   leaves the node itself; an example emitted once is passed on as it is.
 - **Randomness**: the transform runs on the batch's copies while that batch is formed, so in
   the loader it draws inside the batch's seeded scope (:mod:`dataecho.loader.rng_scope`).
-- **State**: the echo stage's, the pool's entries (each original stored once, with the
-  entries that refer to it), the pool's generator and whether the source ended.
+- **State**: the echo stage's, the buffer's entries (each original stored once, with the
+  entries that refer to it), the buffer's generator and whether the source ended.
 
 Items in: ``(read_number, example)``; out: lists of ``(read_number, copy)``, one per batch
 (the last one shorter), as :class:`torchdata.nodes.Batcher` gives them to
@@ -46,30 +46,30 @@ from dataecho.stages.packing import pack, unpack
 from dataecho.stages.seeds import STAGE_SHUFFLE, derive_seed
 from dataecho.transforms import GuardedTransform
 
-# One pool entry: (read number, the original example, whether its copy must be a new object).
+# One buffer entry: (read number, the original example, whether its copy must be a new object).
 Entry = tuple[int, Any, bool]
 _NUMBER = itemgetter(0)
-_MIXED: Plan = ("mixed",)  # pooled originals of more than one copy plan
+_MIXED: Plan = ("mixed",)  # buffered originals of more than one copy plan
 
 
-def _spread(taken: list[Entry], pool: list[Entry], rng: np.random.Generator) -> None:
+def _spread(taken: list[Entry], buffer: list[Entry], rng: np.random.Generator) -> None:
     """Swap each further copy of an example in ``taken`` for a uniformly drawn entry of the
-    pool whose example ``taken`` does not hold yet, so that no batch holds two copies of one
-    example while the pool has others to give. The copy goes to that entry's random place: it
-    stays as far from its twin as the pool puts copies (not the next batch's)."""
+    buffer whose example ``taken`` does not hold yet, so that no batch holds two copies of one
+    example while the buffer has others to give. The copy goes to that entry's random place: it
+    stays as far from its twin as the buffer puts copies (not the next batch's)."""
     held: set[int] = set()
     for i, entry in enumerate(taken):
         if entry[0] not in held:
             held.add(entry[0])
             continue
-        # A few draws find one (the pool holds mostly other examples); a scan settles the rest.
-        tries = rng.integers(0, len(pool), size=8) if pool else ()
-        j = next((int(j) for j in tries if pool[j][0] not in held), None)
+        # A few draws find one (the buffer holds mostly other examples); a scan settles the rest.
+        tries = rng.integers(0, len(buffer), size=8) if buffer else ()
+        j = next((int(j) for j in tries if buffer[j][0] not in held), None)
         if j is None:
-            j = next((k for k in range(len(pool)) if pool[k][0] not in held), None)
+            j = next((k for k in range(len(buffer)) if buffer[k][0] not in held), None)
         if j is None:  # only copies of examples the batch holds are left (an epoch's end)
             continue
-        taken[i], pool[j] = pool[j], entry
+        taken[i], buffer[j] = buffer[j], entry
         held.add(taken[i][0])
 
 
@@ -77,10 +77,10 @@ class ExampleBatches(Echo[Any]):
     """Batches of ``batch_size`` copies of ``source``'s tagged examples; see the module
     docstring. ``transform``: run on each copy (None: copies pass as they are)."""
 
-    # "random_order": the pool is saved in the random order its batches are taken from (its
-    # last entries); a pool of a version that took them from anywhere is refused.
-    STATE_KEYS = ("pool", "refs", "new", "exhausted", "draws", "random_order")
-    STATE_HOLDS = "example pool in random order"
+    # "random_order": the buffer is saved in the random order its batches are taken from (its
+    # last entries); a buffer of a version that took them from anywhere is refused.
+    STATE_KEYS = ("buffer", "refs", "new", "exhausted", "draws", "random_order")
+    STATE_HOLDS = "shuffle buffer in random order"
 
     def __init__(
         self,
@@ -99,17 +99,17 @@ class ExampleBatches(Echo[Any]):
         self.batch_size = int(batch_size)
         self.shuffle_buffer = int(shuffle_buffer)
         self.transform = transform
-        self._entries: list[Entry] = []  # the pool (with a shuffle buffer)
+        self._entries: list[Entry] = []  # the buffer (with a shuffle buffer)
         self._exhausted = False
         self._draws: np.random.Generator | None = None
         self._saved_draws: dict[str, Any] | None = None  # a resumed state, until it is used
-        # How the pool's originals are copied (copy_plan, made as they enter, so a batch of
-        # their copies is not checked again); None: no original to copy pooled yet.
+        # How the buffer's originals are copied (copy_plan, made as they enter, so a batch of
+        # their copies is not checked again); None: no original to copy buffered yet.
         self._plan: Plan | None = None
 
     @property
     def mixing(self) -> bool:
-        """Whether batches are drawn from a pool (a shuffle buffer of more than one)."""
+        """Whether batches are drawn from a buffer (a shuffle buffer of more than one)."""
         return self.shuffle_buffer > 1
 
     def _start_epoch(self) -> None:
@@ -129,7 +129,7 @@ class ExampleBatches(Echo[Any]):
         return tagged, self._whole + int(self._draw_extra())
 
     def next(self) -> list[tuple[int, Any]]:
-        taken = self._from_pool() if self.mixing else self._in_order()
+        taken = self._from_buffer() if self.mixing else self._in_order()
         if not taken:
             raise StopIteration
         self.stats.items_out += len(taken)
@@ -168,14 +168,14 @@ class ExampleBatches(Echo[Any]):
                 self._pending = None
         return out
 
-    def _from_pool(self) -> list[Entry]:
-        """The next batch's entries: the pool's last, the pool refilled first.
+    def _from_buffer(self) -> list[Entry]:
+        """The next batch's entries: the buffer's last, the buffer refilled first.
 
-        The pool is kept in uniformly random order: each new entry goes to a uniformly random
+        The buffer is kept in uniformly random order: each new entry goes to a uniformly random
         place among those before it (an inside-out Fisher-Yates shuffle), so its last
         ``batch_size`` entries are a uniform draw without replacement, in random order, and
         taking them leaves the rest in random order. Per batch that is one numpy call and a
-        swap per new entry; nothing scans the pool.
+        swap per new entry; nothing scans the buffer.
         """
         entries = self._entries
         have = len(entries)
@@ -208,7 +208,7 @@ class ExampleBatches(Echo[Any]):
         return taken
 
     def _admit(self, items: list[Any]) -> None:
-        """Originals to copy enter the pool: the pool's plan is theirs, unless they differ."""
+        """Originals to copy enter the buffer: the buffer's plan is theirs, unless they differ."""
         plan = copy_plan(items)
         if self._plan is None:
             self._plan = plan
@@ -233,18 +233,18 @@ class ExampleBatches(Echo[Any]):
         places = {key: place for place, key in enumerate(original)}
         return {
             **super()._get_stage_state(),
-            "pool": pack(list(original.values())),
+            "buffer": pack(list(original.values())),
             # Plain lists: the state's bookkeeping survives a JSON round trip.
             "refs": list(map(places.__getitem__, keys)),
             "new": list(news),
             "exhausted": self._exhausted,
             "draws": self._saved_draws if self._draws is None else self._draws.bit_generator.state,
-            "random_order": True,  # the pool's order is random: a batch is its last entries
+            "random_order": True,  # the buffer's order is random: a batch is its last entries
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
         super()._load_stage_state(state)
-        stored = unpack(state["pool"])
+        stored = unpack(state["buffer"])
         self._entries = [
             (*stored[int(place)], bool(new))
             for place, new in zip(state["refs"], state["new"], strict=True)

@@ -37,7 +37,7 @@ def _examples(loader: Any) -> int | None:
     return rank_examples(len(dataset), rank=rank, world=world)
 
 
-def fresh_batches(loader: Any) -> int | None:
+def epoch_fresh_batches(loader: Any) -> int | None:
     """Batches of fresh examples ``loader`` (an ``EchoingDataLoader``) echoes in one epoch at
     the batch level (:func:`dataecho.loader.epoch_counts.fresh_batch_count`), or the user's
     loader's ``len`` where it is the upstream. None for an iterable dataset without a length."""

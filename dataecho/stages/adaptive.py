@@ -8,7 +8,7 @@ than ``max_factor`` times (the fresh emission counts); when nothing may be reuse
 waits for upstream, and that wait is ``stats.stall_seconds``.
 
 The reader thread does nothing but read and hand over: the consumer's reuse decisions cost
-O(log buffer_size) each (:mod:`dataecho.stages.reuse_pool`), and the thread asks the source for
+O(log buffer_size) each (:mod:`dataecho.stages.reuse_buffer`), and the thread asks the source for
 its state only now and then, because in one process the two threads share the interpreter lock:
 whatever the consumer (or the thread itself) spends beyond the read is time the read may wait.
 
@@ -52,7 +52,7 @@ from dataecho.stages.background import END, ERROR, BackgroundReader
 from dataecho.stages.base import Stage
 from dataecho.stages.copying import copy_item, copy_pinned
 from dataecho.stages.packing import pack, unpack
-from dataecho.stages.reuse_pool import ReusePool
+from dataecho.stages.reuse_buffer import ReuseBuffer
 from dataecho.stages.seeds import STAGE_ADAPTIVE
 
 T = TypeVar("T")
@@ -96,7 +96,7 @@ class AdaptiveEcho(Stage[T]):
         self.copy = bool(copy)
         self._copy_item = copy_pinned if pinned else copy_item
         self._limit = math.floor(self.max_factor)  # emissions allowed per item, fresh one included
-        self._pool = ReusePool(self.buffer_size, self._limit, self.policy)
+        self._buffer = ReuseBuffer(self.buffer_size, self._limit, self.policy)
         self._producer: BackgroundReader | None = None
         self._source_state: Any = None  # the last anchor that came with an item emitted fresh
         self._since_anchor = 0  # fresh items emitted after it
@@ -126,7 +126,7 @@ class AdaptiveEcho(Stage[T]):
             )  # fmt: skip
 
     def _start_epoch(self) -> None:
-        self._pool.clear()
+        self._buffer.clear()
         self._since_anchor = 0
         self._done = False
 
@@ -136,7 +136,7 @@ class AdaptiveEcho(Stage[T]):
         try:
             item, payload = self._producer.queue.get_nowait()  # fresh items always first
         except queue.Empty:
-            chosen = self._pool.pick(self._rng)  # O(log buffer_size): see ReusePool
+            chosen = self._buffer.pick(self._rng)  # O(log buffer_size): see ReuseBuffer
             if chosen is not None:
                 self.stats.items_out += 1
                 return self._copy_item(chosen) if self.copy else chosen
@@ -160,7 +160,7 @@ class AdaptiveEcho(Stage[T]):
         self.stats.items_out += 1
         if self._limit < 2:
             return item
-        self._pool.add(item)
+        self._buffer.add(item)
         # The buffer keeps the original pristine; every emission is its own copy.
         return self._copy_item(item) if self.copy else item
 
@@ -177,7 +177,7 @@ class AdaptiveEcho(Stage[T]):
 
     def get_state(self) -> dict[str, Any]:
         # Not Stage.get_state: the live source belongs to the reader thread and is ahead.
-        entries = self._pool.entries
+        entries = self._buffer.entries
         return {
             "epoch": self._epoch,
             "seed": self.seed,
@@ -192,7 +192,7 @@ class AdaptiveEcho(Stage[T]):
         }
 
     def _load_stage_state(self, state: dict[str, Any]) -> None:
-        self._pool.load(unpack(state["buffer"]), state["counts"])
+        self._buffer.load(unpack(state["buffer"]), state["counts"])
         self._since_anchor = int(state["skip"])
         self._done = bool(state["done"])
 

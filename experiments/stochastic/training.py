@@ -54,7 +54,7 @@ def make_model(seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def fresh_batches(data: Data, batch_size: int, seed: int) -> Iterator[tuple]:
+def batches_of(data: Data, batch_size: int, seed: int) -> Iterator[tuple]:
     """Batches without replacement in a seeded order, each tagged with its load index."""
     gen = torch.Generator().manual_seed(seed)
     bid = 0
@@ -104,7 +104,7 @@ def train_stochastic(
     model = make_model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     horizon = steps or max(1, round(max_loads / batch_size / setting.p))
-    stage = StochasticEcho(fresh_batches(data, batch_size, seed), seed=seed, copy=False,
+    stage = StochasticEcho(batches_of(data, batch_size, seed), seed=seed, copy=False,
                            load_prob=setting.load_prob(horizon), buffer_size=setting.buffer)  # fmt: skip
     cap = max_loads if limit is None else min(max_loads, limit)
     to_target, acc, step = None, math.nan, 0
@@ -140,7 +140,7 @@ def gradient_bias(
     of an independent fresh batch at the same weights (the no-reuse reference)."""
     model = make_model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    stage = StochasticEcho(fresh_batches(data, batch_size, seed), load_prob=p,
+    stage = StochasticEcho(batches_of(data, batch_size, seed), load_prob=p,
                            buffer_size=buffer, seed=seed, copy=False)  # fmt: skip
     # The reference set and the independent batches come from the end of the training data,
     # which the stream reaches only after len - ref_examples examples (beyond these runs).

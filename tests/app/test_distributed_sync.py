@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dataecho.app.distributed import CommStats, GradientSync, Guard, ModelAveraging, fresh_batches
+from dataecho.app.distributed import CommStats, GradientSync, Guard, ModelAveraging, sync_points
 from dataecho.app.distributed.control import Control
 from dataecho.app.distributed.group import init_group, shutdown_group
 from dataecho.loader import EchoingDataLoader
@@ -125,8 +125,8 @@ def _local_echo(guard: Guard, e: float, where: str, avg_prob: float = 1.0) -> di
         opt.step()
         steps += 1
         now = loader.stats.fresh_examples
-        if fresh_batches(now, BATCH) > synced:
-            synced = fresh_batches(now, BATCH)
+        if sync_points(now, BATCH) > synced:
+            synced = sync_points(now, BATCH)
             summed = averaging.at_sync_point(Control(fresh=now, steps=steps))
             if summed is not None:
                 averaged.append(stats.sync_points)

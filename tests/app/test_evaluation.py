@@ -1,4 +1,4 @@
-"""Background evaluation: snapshots, order, errors, no thread left; and in the real training loop."""
+"""Background evaluation: weight copies, order, errors, no thread left; and in the real training loop."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ def test_each_result_is_of_the_weights_at_submit_in_order_and_the_thread_ends():
     model = nn.Linear(3, 1)
     release = threading.Event()
 
-    def slow_sum(snapshot: nn.Module) -> float:
+    def slow_sum(weights: nn.Module) -> float:
         release.wait(10)  # the training side changes the weights meanwhile
-        return weight_sum(snapshot)
+        return weight_sum(weights)
 
     with BackgroundEvaluator(model, slow_sum) as ev:
         before = weight_sum(model)

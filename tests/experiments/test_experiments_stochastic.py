@@ -12,7 +12,7 @@ import torch
 from experiments import stochastic
 from experiments.stochastic.training import (
     Setting,
-    fresh_batches,
+    batches_of,
     gradient_bias,
     load_data,
     train_stochastic,
@@ -68,7 +68,7 @@ def test_cosine_schedules_average_the_constant_probability() -> None:
 @pytest.mark.timeout(120)
 def test_fresh_batches_do_not_repeat_within_a_pass() -> None:
     data = load_data(640, 100)
-    it = fresh_batches(data, 64, seed=0)
+    it = batches_of(data, 64, seed=0)
     rows = [next(it) for _ in range(10)]
     assert [bid for _, _, bid in rows] == list(range(10))
     drawn = torch.cat([x for x, _, _ in rows])

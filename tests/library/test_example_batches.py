@@ -114,8 +114,8 @@ def test_the_pool_mixes_copies_across_batches_and_gives_exact_counts(factor):
 
 
 def test_each_batch_is_a_uniform_draw_from_the_pool_in_random_order():
-    """The pool is kept in random order and a batch is its last entries: over seeds, every
-    entry of the first pool (63 + 8 - 1 of them) is as likely to be in the first batch, at
+    """The buffer is kept in random order and a batch is its last entries: over seeds, every
+    entry of the first buffer (63 + 8 - 1 of them) is as likely to be in the first batch, at
     any place in it."""
     counts, firsts = collections.Counter(), collections.Counter()
     for seed in range(1500):
@@ -144,7 +144,7 @@ def test_the_pool_state_holds_each_original_once():
     next(node)
     state = node.state_dict()
     assert len(state["refs"]) == len(node._entries) >= 64
-    (images,) = [c["data"] for c in state["pool"]["columns"] if c["kind"] == "tensor"]
+    (images,) = [c["data"] for c in state["buffer"]["columns"] if c["kind"] == "tensor"]
     assert len(images) == len(set(state["refs"])) < len(state["refs"])
 
 
@@ -222,7 +222,7 @@ def _shares_memory(a, b) -> bool:
 @pytest.mark.parametrize("kinds", [["tuple"], ["tuple", "not contiguous", "shapes differ"],
                                    list(ITEMS)])  # fmt: skip
 def test_the_pool_copies_examples_of_several_kinds_each_as_copy_item_does(kinds):
-    """The pool decides how to copy its originals as they enter (copying.copy_plan), not per
+    """The buffer decides how to copy its originals as they enter (copying.copy_plan), not per
     batch of their copies: with examples of several kinds in it, each copy is still its
     original's, as copy_item makes it, in its layout and sharing no memory with it."""
     made = [ITEMS[kinds[i // 20 % len(kinds)]](i) for i in range(60)]  # kinds in turn
@@ -253,7 +253,7 @@ def test_resumes_exactly_with_examples_of_several_kinds_in_the_pool():
 
 
 def test_a_pool_saved_in_another_order_is_refused_and_the_loaded_node_is_untouched():
-    """A pool saved by a version that took its batches from anywhere in it has no
+    """A buffer saved by a version that took its batches from anywhere in it has no
     "random_order": taken from its end, it would give other batches, so it is refused."""
     node = ExampleBatches(tagged(60), 3, batch_size=8, shuffle_buffer=24, seed=1, length=60)
     before = [n for _ in range(4) for n, _ in next(node)]

@@ -69,10 +69,10 @@ class Reversed(Batch):
         seed: Seeds,
         *,
         device: Any,
-        fresh_batches: Callable[[], int | None],
+        epoch_fresh_batches: Callable[[], int | None],
         pinned: bool,
     ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
-        echo = echo_stage(workers, opts, seed(STAGE_ECHO), length=fresh_batches())
+        echo = echo_stage(workers, opts, seed(STAGE_ECHO), length=epoch_fresh_batches())
         flip = Mapper(echo, lambda b: b.flip(0) if echo.copies_due == 0 else b)
         return flip, None
 

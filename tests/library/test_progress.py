@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from dataecho.progress import ProgressSnapshot, TrainingProgress, _batch_len
+from dataecho.progress import ProgressReading, TrainingProgress, _batch_len
 from dataecho.stages import echo
 
 
@@ -27,7 +27,7 @@ def test_summary_counts_an_echoed_run_from_stats() -> None:
     with TrainingProgress(stage, total_steps=80, file=out) as bar:
         for batch in bar.wrap(stage):
             batch.add_(1.0)  # the step
-    snap = bar.snapshot()
+    snap = bar.reading()
     assert (snap.steps, snap.examples) == (80, 640)
     assert snap.fresh_examples == pytest.approx(320)
     assert snap.realized_factor == pytest.approx(2.0)
@@ -44,7 +44,7 @@ def test_plain_dataloader_counts_every_example_fresh() -> None:
         for _ in range(2):  # two epochs through one bar
             for x, _y in bar.wrap(loader):
                 x.sum()
-    snap = bar.snapshot()
+    snap = bar.reading()
     assert (snap.steps, snap.examples, snap.fresh_examples) == (16, 128, 128)
     assert snap.realized_factor == pytest.approx(1.0)
     assert "plain: 16 steps, 128 examples (128 fresh, echo 1.00x)" in bar.summary()
@@ -58,10 +58,10 @@ def test_stall_share_high_for_slow_data_low_for_slow_step() -> None:
     with TrainingProgress(file=io.StringIO()) as slow_step:
         for _ in slow_step.wrap([torch.zeros(4)] * 20):
             time.sleep(0.010)  # instant data: almost no waiting
-    assert slow_data.snapshot().stall_fraction > 0.7
-    assert slow_step.snapshot().stall_fraction < 0.2
-    assert slow_data.snapshot().steps_per_second < 110  # <= 1 / 10 ms, generous
-    assert f"stall {slow_data.snapshot().stall_fraction:.1%}," in slow_data.summary()
+    assert slow_data.reading().stall_fraction > 0.7
+    assert slow_step.reading().stall_fraction < 0.2
+    assert slow_data.reading().steps_per_second < 110  # <= 1 / 10 ms, generous
+    assert f"stall {slow_data.reading().stall_fraction:.1%}," in slow_data.summary()
 
 
 def test_manual_updates_with_fresh_and_wait() -> None:
@@ -69,7 +69,7 @@ def test_manual_updates_with_fresh_and_wait() -> None:
     for _ in range(10):
         bar.update(fresh=16, wait_seconds=0.01)
     bar.update(batch_size=8)  # fresh unknown for this step: counted as fresh
-    snap = bar.snapshot()
+    snap = bar.reading()
     assert (snap.steps, snap.examples) == (11, 328)
     assert snap.fresh_examples == pytest.approx(168)
     assert snap.wait_seconds == pytest.approx(0.1)
@@ -77,7 +77,7 @@ def test_manual_updates_with_fresh_and_wait() -> None:
     # Without any wait information the stall share is unknown, not zero.
     bar = TrainingProgress(file=io.StringIO(), batch_size=4)
     bar.update()
-    assert bar.snapshot().stall_fraction is None
+    assert bar.reading().stall_fraction is None
     assert "stall n/a" in bar.summary()
     bar.close()
 
@@ -87,7 +87,7 @@ def test_manual_updates_read_stats_of_the_given_loader() -> None:
     with TrainingProgress(stage, file=io.StringIO()) as bar:
         for _ in stage:
             bar.update(batch_size=4)
-    snap = bar.snapshot()
+    snap = bar.reading()
     assert snap.steps == 90 and snap.examples == 360
     assert snap.realized_factor == pytest.approx(3.0)
     assert snap.wait_seconds == pytest.approx(stage.stats.wait_seconds)
@@ -117,7 +117,7 @@ def test_disable_writes_nothing_unless_asked() -> None:
         for _ in bar.wrap(range(5)):
             pass
     assert out.getvalue() == ""
-    assert bar.snapshot().steps == 5  # still counts
+    assert bar.reading().steps == 5  # still counts
     out = io.StringIO()
     with TrainingProgress(file=out, disable=True, print_summary=True) as bar:
         for _ in bar.wrap(range(5)):
@@ -143,15 +143,15 @@ def test_per_step_overhead_is_small() -> None:
         bar.update()
     updated = time.perf_counter() - start
     bar.close()
-    assert bar.snapshot().steps == 2 * n
+    assert bar.reading().steps == 2 * n
     # Typically ~10 us (wrap) and ~3 us (update) per step; 50 us is the generous bound.
     assert (wrapped - tight) / n < 50e-6
     assert (updated - tight) / n < 50e-6
 
 
-def test_snapshot_window_and_derived_figures() -> None:
-    a = ProgressSnapshot(10, 100, 50.0, 1.0, 2.0)
-    b = ProgressSnapshot(30, 300, 100.0, 1.5, 4.0)
+def test_reading_window_and_derived_figures() -> None:
+    a = ProgressReading(10, 100, 50.0, 1.0, 2.0)
+    b = ProgressReading(30, 300, 100.0, 1.5, 4.0)
     w = b.minus(a)
     assert (w.steps, w.examples, w.fresh_examples, w.wait_seconds, w.wall_seconds) == (
         20,
@@ -162,7 +162,7 @@ def test_snapshot_window_and_derived_figures() -> None:
     )
     assert w.steps_per_second == 10.0 and w.fresh_per_second == 25.0
     assert w.realized_factor == 4.0 and w.stall_fraction == 0.25
-    empty = ProgressSnapshot(0, 0, 0.0, None, 0.0)
+    empty = ProgressReading(0, 0, 0.0, None, 0.0)
     assert empty.realized_factor == 0.0 and empty.stall_fraction is None
     assert empty.steps_per_second == 0.0
 
@@ -190,7 +190,7 @@ def test_batch_size_overrides_inference() -> None:
     with TrainingProgress(file=io.StringIO(), batch_size=10) as bar:
         for _ in bar.wrap([torch.zeros(3)] * 4):
             pass
-    assert bar.snapshot().examples == 40
+    assert bar.reading().examples == 40
 
 
 @pytest.mark.parametrize(

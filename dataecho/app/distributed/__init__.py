@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataecho.app.distributed.group import GroupInfo, Guard, RankFailure, in_torchrun
 from dataecho.app.distributed.launch import LaunchError
-from dataecho.app.distributed.sync import CommStats, GradientSync, ModelAveraging, fresh_batches
+from dataecho.app.distributed.sync import CommStats, GradientSync, ModelAveraging, sync_points
 
 __all__ = [
     "CommStats",
@@ -25,6 +25,6 @@ __all__ = [
     "LaunchError",
     "ModelAveraging",
     "RankFailure",
-    "fresh_batches",
+    "sync_points",
     "in_torchrun",
 ]

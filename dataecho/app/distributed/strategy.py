@@ -21,7 +21,7 @@ import torch
 
 from dataecho.app.config import TrainConfig
 from dataecho.app.distributed.control import Control
-from dataecho.app.distributed.sync import GradientSync, ModelAveraging, fresh_batches
+from dataecho.app.distributed.sync import GradientSync, ModelAveraging, sync_points
 
 
 class SingleProcess:
@@ -77,7 +77,7 @@ class DDPSync(SingleProcess):
 
 class LocalEchoSync(SingleProcess):
     """``local-echo``: local steps; the model averaged at each sync point (a fresh batch's
-    worth of data arrived: :func:`.sync.fresh_batches`), with probability ``avg_prob``.
+    worth of data arrived: :func:`.sync.sync_points`), with probability ``avg_prob``.
     Each rank keeps its own optimizer state (momentum), so checkpoints keep every rank's."""
 
     keeps_local_optimizer = True
@@ -90,10 +90,10 @@ class LocalEchoSync(SingleProcess):
 
     def start(self, fresh_examples: int) -> None:
         self.averaging.start()
-        self.synced = fresh_batches(fresh_examples, self.batch_size)
+        self.synced = sync_points(fresh_examples, self.batch_size)
 
     def after_step(self, fresh_examples: int, control: Control) -> Control | None:
-        arrived = fresh_batches(fresh_examples, self.batch_size)
+        arrived = sync_points(fresh_examples, self.batch_size)
         if arrived <= self.synced:
             return None
         self.synced = arrived  # one sync point per arrival

@@ -10,7 +10,7 @@ round:
   gradient bucket, the first one with the control numbers appended. One round per step (the
   small CNN's gradients fit one 25 MB bucket), echoed steps included: ``e`` per fresh batch.
 - ``local-echo`` (:class:`ModelAveraging`): steps are local; at a *sync point* (a fresh batch's
-  worth of data arrived, :func:`fresh_batches`) parameters and floating-point buffers are
+  worth of data arrived, :func:`sync_points`) parameters and floating-point buffers are
   flattened into one buffer with the control numbers and averaged in one all-reduce. With
   ``avg_prob`` p < 1 a sync point averages with probability p, drawn from a generator seeded
   identically on every rank, so all ranks skip the same ones and none waits on a collective
@@ -44,7 +44,7 @@ class CommStats:
         return asdict(self)
 
 
-def fresh_batches(fresh_examples: int, batch_size: int) -> int:
+def sync_points(fresh_examples: int, batch_size: int) -> int:
     """Sync points so far: one per ``batch_size`` fresh examples this rank has read. With
     ``where="batch"`` that is exactly one per fresh batch (its echoes add none); with example
     echoing, one per batch's worth of fresh examples (about every ``e`` steps)."""

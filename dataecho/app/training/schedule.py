@@ -4,7 +4,7 @@ or target).
 The loop decides after an *exchange* (after every step in a single process; where the ranks
 sum their counts in a data-parallel run: :mod:`dataecho.app.distributed.strategy`), from the
 run's counts as of that exchange, so every rank decides the same. Evaluations run on a
-schedule of fresh examples (``eval_every``), in line or in a background thread on a snapshot
+schedule of fresh examples (``eval_every``), in line or in a background thread on a copy
 (:mod:`dataecho.app.evaluation`); a target counts when its evaluation has finished, and only a
 full evaluation (not a screen) decides it. Checkpoints: every ``checkpoint_every`` steps (mean
 per rank) and at the end.
@@ -99,12 +99,12 @@ def run_evaluations(
                                          vote=rank is not None)  # fmt: skip
             rows.append(row)
     else:
-        # Results first (one snapshot at a time: a due evaluation waits for the last), so
-        # that a run done at its target keeps that target's snapshot in the evaluator.
+        # Results first (one copy at a time: a due evaluation waits for the last), so
+        # that a run done at its target keeps that target's copy in the evaluator.
         for row, result in evaluator.wait() if due else evaluator.poll():
             row, run = record_evaluation(cfg, run, say, row, result, time.perf_counter() - start)
             rows.append(row)
-        if due and not run.done:  # the row: the snapshot's figures; its metric comes later
+        if due and not run.done:  # the row: the copy's figures; its metric comes later
             row, run = history_row(cfg, run, loader, float("nan"), 0, time.perf_counter() - start)
             evaluator.submit(model, row)
             if limit:

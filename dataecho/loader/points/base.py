@@ -95,7 +95,7 @@ class InsertionPoint:
         seed: Seeds,
         *,
         device: Any,
-        fresh_batches: Callable[[], int | None],
+        epoch_fresh_batches: Callable[[], int | None],
         pinned: bool,
     ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
         """The main process's chain over the workers' batches and its counting stage

@@ -71,13 +71,13 @@ class Batch(_BatchEcho):
         seed: Seeds,
         *,
         device: Any,
-        fresh_batches: Callable[[], int | None],
+        epoch_fresh_batches: Callable[[], int | None],
         pinned: bool,
     ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
         node = workers
         if opts.echoes:
             node = echo_stage(node, opts, seed(STAGE_ECHO), copy=opts.copy,
-                              length=fresh_batches(), pinned=pinned)  # fmt: skip
+                              length=epoch_fresh_batches(), pinned=pinned)  # fmt: skip
         counting = node if opts.adaptive else None
         batches = (opts.shuffle_buffer or 0) // opts.batch_size
         if batches > 1:
@@ -120,7 +120,7 @@ class Device(_BatchEcho):
         seed: Seeds,
         *,
         device: Any,
-        fresh_batches: Callable[[], int | None],
+        epoch_fresh_batches: Callable[[], int | None],
         pinned: bool,
     ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
         # On CUDA with a fixed factor the next fresh batch's copy stays in flight ("auto"
@@ -135,7 +135,7 @@ class Device(_BatchEcho):
             # Into the pool, copies need not be separate objects: the pool copies their rows
             # into its slots, and every batch it emits is gathered anew.
             node = counting = echo_stage(node, opts, seed(STAGE_ECHO), copy=opts.copy and not mixed,
-                                         length=fresh_batches())  # fmt: skip
+                                         length=epoch_fresh_batches())  # fmt: skip
         if mixed:  # the copies' examples spread over the batches that follow
             # With drop_last the pool fills the epoch's short fresh batch (loader/remainders.py).
             fill_to = opts.batch_size if opts.drop_last and opts.echoes else 0

@@ -1,4 +1,4 @@
-"""ReusePool: the same picks, random draws included, as the plain definition of each policy."""
+"""ReuseBuffer: the same picks, random draws included, as the plain definition of each policy."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataecho.stages.reuse_pool import ReusePool
+from dataecho.stages.reuse_buffer import ReuseBuffer
 
 
-class ScanPool:
+class ScanBuffer:
     """The definitions, by a scan of the whole buffer on every pick (the reference)."""
 
     def __init__(self, size: int, limit: int, policy: str) -> None:
@@ -50,37 +50,37 @@ class ScanPool:
 def test_picks_match_the_definitions_and_resume_from_entries(
     size, limit, policy, ops, seed, resume_at
 ):
-    pool, reference = ReusePool(size, limit, policy), ScanPool(size, limit, policy)
+    buffer, reference = ReuseBuffer(size, limit, policy), ScanBuffer(size, limit, policy)
     rng, reference_rng = random.Random(seed), random.Random(seed)
     fresh = 0
     for i, arrives in enumerate(ops):
-        if i == resume_at:  # a checkpoint: a new pool from the entries, and the rng's state
-            items, counts = zip(*pool.entries, strict=True) if len(pool) else ((), ())
-            pool = ReusePool(size, limit, policy)
-            pool.load(items, counts)
+        if i == resume_at:  # a checkpoint: a new buffer from the entries, and the rng's state
+            items, counts = zip(*buffer.entries, strict=True) if len(buffer) else ((), ())
+            buffer = ReuseBuffer(size, limit, policy)
+            buffer.load(items, counts)
             rng = random.Random()
             rng.setstate(reference_rng.getstate())
         if arrives:
-            pool.add(fresh)
+            buffer.add(fresh)
             reference.add(fresh)
             fresh += 1
         else:
-            assert pool.pick(rng) == reference.pick(reference_rng)
-        assert pool.entries == reference.entries
+            assert buffer.pick(rng) == reference.pick(reference_rng)
+        assert buffer.entries == reference.entries
         assert rng.getstate() == reference_rng.getstate()  # the same draws, no extra ones
 
 
 def test_fewest_spreads_copies_and_limit_holds():
-    pool, rng = ReusePool(3, 3, "fewest"), random.Random(0)
+    buffer, rng = ReuseBuffer(3, 3, "fewest"), random.Random(0)
     for item in "abc":
-        pool.add(item)
-    first, second = [pool.pick(rng) for _ in range(3)], [pool.pick(rng) for _ in range(3)]
+        buffer.add(item)
+    first, second = [buffer.pick(rng) for _ in range(3)], [buffer.pick(rng) for _ in range(3)]
     assert sorted(first) == sorted(second) == ["a", "b", "c"]  # a 2nd copy before any 3rd
-    assert pool.pick(rng) is None and pool.entries == [("a", 3), ("b", 3), ("c", 3)]
-    pool.add("d")  # "a" leaves the full buffer; "d" may be emitted twice more
-    assert [pool.pick(rng), pool.pick(rng), pool.pick(rng)] == ["d", "d", None]
+    assert buffer.pick(rng) is None and buffer.entries == [("a", 3), ("b", 3), ("c", 3)]
+    buffer.add("d")  # "a" leaves the full buffer; "d" may be emitted twice more
+    assert [buffer.pick(rng), buffer.pick(rng), buffer.pick(rng)] == ["d", "d", None]
 
 
 def test_load_rejects_mismatched_counts():
     with pytest.raises(ValueError, match="zip"):
-        ReusePool(2, 3, "latest").load(["a", "b"], [1])
+        ReuseBuffer(2, 3, "latest").load(["a", "b"], [1])

@@ -2,7 +2,7 @@
 
 ``adaptive_echo``'s consumer picks a copy whenever the read-ahead queue is empty, so a pick runs
 once per echoed item, in the same process as (and holding the interpreter lock against) the
-thread that reads fresh items. It must not cost time in proportion to the buffer: the pool keeps
+thread that reads fresh items. It must not cost time in proportion to the buffer: the buffer keeps
 the items that may still be emitted in arrival order (for ``"latest"`` and ``"uniform"``), or
 grouped by emission count (for ``"fewest"``), and updates them in O(log size) per pick, where a
 scan of the whole buffer would cost O(size).
@@ -28,7 +28,7 @@ def _arrival(entry: list[Any]) -> int:
     return entry[_ARRIVAL]
 
 
-class ReusePool:
+class ReuseBuffer:
     """The last ``size`` fresh items; each may be emitted up to ``limit`` times in all.
 
     ``add`` records a fresh emission (its first), ``pick`` chooses an item to emit again (or
