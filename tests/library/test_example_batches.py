@@ -98,7 +98,7 @@ def test_without_a_shuffle_buffer_the_stream_is_the_per_example_chains(factor):
 
 
 @pytest.mark.parametrize("factor", [2, 2.5])
-def test_the_pool_mixes_copies_across_batches_and_gives_exact_counts(factor):
+def test_the_buffer_mixes_copies_across_batches_and_gives_exact_counts(factor):
     node = ExampleBatches(tagged(400), factor, batch_size=16, shuffle_buffer=128, seed=2,
                           length=400)  # fmt: skip
     batches = list(node)
@@ -113,7 +113,7 @@ def test_the_pool_mixes_copies_across_batches_and_gives_exact_counts(factor):
     assert firsts != sorted(firsts)
 
 
-def test_each_batch_is_a_uniform_draw_from_the_pool_in_random_order():
+def test_each_batch_is_a_uniform_draw_from_the_buffer_in_random_order():
     """The buffer is kept in random order and a batch is its last entries: over seeds, every
     entry of the first buffer (63 + 8 - 1 of them) is as likely to be in the first batch, at
     any place in it."""
@@ -139,7 +139,7 @@ def test_resumes_exactly_at_every_position(shuffle_buffer):
     )  # fmt: skip
 
 
-def test_the_pool_state_holds_each_original_once():
+def test_the_buffer_state_holds_each_original_once():
     node = ExampleBatches(tagged(100, width=64), 4, batch_size=8, shuffle_buffer=64, seed=0)
     next(node)
     state = node.state_dict()
@@ -221,7 +221,7 @@ def _shares_memory(a, b) -> bool:
 
 @pytest.mark.parametrize("kinds", [["tuple"], ["tuple", "not contiguous", "shapes differ"],
                                    list(ITEMS)])  # fmt: skip
-def test_the_pool_copies_examples_of_several_kinds_each_as_copy_item_does(kinds):
+def test_the_buffer_copies_examples_of_several_kinds_each_as_copy_item_does(kinds):
     """The buffer decides how to copy its originals as they enter (copying.copy_plan), not per
     batch of their copies: with examples of several kinds in it, each copy is still its
     original's, as copy_item makes it, in its layout and sharing no memory with it."""
@@ -241,7 +241,7 @@ def test_the_pool_copies_examples_of_several_kinds_each_as_copy_item_does(kinds)
     assert seen == {n: 3 for n in range(60)}
 
 
-def test_resumes_exactly_with_examples_of_several_kinds_in_the_pool():
+def test_resumes_exactly_with_examples_of_several_kinds_in_the_buffer():
     kinds = [ITEMS["tuple"], ITEMS["not contiguous"], lambda i: {"x": torch.full((3,), i), "id": i}]
     made = [kinds[i % 3](i) for i in range(30)]
     run_test_save_load_state(
@@ -252,7 +252,7 @@ def test_resumes_exactly_with_examples_of_several_kinds_in_the_pool():
     )  # fmt: skip
 
 
-def test_a_pool_saved_in_another_order_is_refused_and_the_loaded_node_is_untouched():
+def test_a_buffer_saved_in_another_order_is_refused_and_the_loaded_node_is_untouched():
     """A buffer saved by a version that took its batches from anywhere in it has no
     "random_order": taken from its end, it would give other batches, so it is refused."""
     node = ExampleBatches(tagged(60), 3, batch_size=8, shuffle_buffer=24, seed=1, length=60)
