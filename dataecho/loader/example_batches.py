@@ -1,4 +1,8 @@
-"""``where="before_augment"`` at a fixed factor: echo, mix, copy and augment, a batch at a time.
+"""Example echo at a fixed factor: echo, mix, copy (and augment), a batch at a time.
+
+Both example points use it: ``before_augment`` hands it the transform, which runs on each copy;
+``after_augment`` runs the transform before it, so the copies are identical. ``"auto"`` runs the
+per-example chain instead (:mod:`dataecho.loader.points.examples`).
 
 Why one node: run as a chain of per-example nodes (echo, shuffle buffer, transform, batcher),
 every copy pays each node's call, a walk of its structure to copy it and a shuffle buffer's

@@ -123,13 +123,14 @@ def test_a_sent_state_arrives_equal_to_the_original(state):
 
 
 class Vectors(Dataset):
-    """Example ``i``: 256 float32 (1 KiB) all ``i``, and ``i``; a buffer of 96 packs 96 KiB."""
+    """Example ``i``: 512 float32 (2 KiB) all ``i``, and ``i``; a buffer holds each original once:
+    32 of them pack 64 KiB."""
 
     def __len__(self) -> int:
         return 160
 
     def __getitem__(self, i: int):
-        return torch.full((256,), float(i)), i
+        return torch.full((512,), float(i)), i
 
 
 def big_tensors(state, found: list) -> list:

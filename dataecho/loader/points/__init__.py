@@ -10,8 +10,10 @@ with :func:`register` (docs/architecture.md). The chains of the points registere
 =================  =========================================  ==================================
 ``where``          in each worker, between read and batcher   in the main process, after them
 =================  =========================================  ==================================
-before_augment     echo -> shuffle -> transform               (the workers' batches)
-after_augment      transform -> echo -> shuffle               (the workers' batches)
+before_augment     echo -> shuffle -> transform (one node at  (the workers' batches)
+                   a fixed factor: loader/example_batches)
+after_augment      transform -> echo -> shuffle (the same     (the workers' batches)
+                   node after the transform)
 batch              transform                                  echo -> shuffle
 device             transform                                  to the device -> echo -> example
                                                               mixing -> ``device_transform``

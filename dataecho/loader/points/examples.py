@@ -24,7 +24,14 @@ Chain = Callable[[BaseNode[Any]], BaseNode[Any]]  # a node -> that node with sta
 
 
 class _ExampleEcho(InsertionPoint):
-    """Echo -> shuffle and the transform, in the order :meth:`order` gives, then batches."""
+    """Echo -> shuffle and the transform, in the order :meth:`order` gives, then batches. At a
+    fixed factor one node does the echo, the shuffle and the copies a batch at a time
+    (:mod:`dataecho.loader.example_batches`), with the transform before it (``after_augment``)
+    or on each copy as its batch is formed (``before_augment``); with ``"auto"``, the stages
+    one by one."""
+
+    #: The transform runs before the echo stage: the copies are identical.
+    transform_first: bool = False
 
     def order(
         self, node: BaseNode[Any], transform: Chain, echo_and_shuffle: Chain
@@ -48,6 +55,15 @@ class _ExampleEcho(InsertionPoint):
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
             return n if per_example is None else Mapper(n, OnItem(per_example))
 
+        if not opts.adaptive:
+            first = self.transform_first
+            return ExampleBatches(
+                transform(node) if first else node, cast(float, opts.echo_factor),
+                batch_size=opts.batch_size, shuffle_buffer=buffer,
+                transform=None if first else per_example, seed=seed(STAGE_ECHO), copy=copy,
+                length=length, copies=copies,
+            )  # fmt: skip
+
         def echo_and_shuffle(n: BaseNode[Any]) -> BaseNode[Any]:
             if opts.echoes:
                 n = echo_stage(n, opts, seed(STAGE_ECHO), copy=copy, length=length, copies=copies)
@@ -65,9 +81,7 @@ class _ExampleEcho(InsertionPoint):
 
 
 class BeforeAugment(_ExampleEcho):
-    """Echo -> shuffle -> transform in each worker: every copy augmented with its own draws.
-    At a fixed factor one node does all three a batch at a time
-    (:mod:`dataecho.loader.example_batches`)."""
+    """Echo -> shuffle -> transform in each worker: every copy augmented with its own draws."""
 
     name = "before_augment"
     lifts_dataset_transform = True
@@ -76,27 +90,6 @@ class BeforeAugment(_ExampleEcho):
         self, node: BaseNode[Any], transform: Chain, echo_and_shuffle: Chain
     ) -> BaseNode[Any]:
         return transform(echo_and_shuffle(node))
-
-    def worker_batches(
-        self,
-        node: BaseNode[Any],
-        opts: Options,
-        seed: Seeds,
-        *,
-        per_example: Callable[[Any], Any] | None,
-        collate_fn: Callable[[list[Any]], Any],
-        length: int | None,
-        copies: int | None,
-    ) -> BaseNode[list[Any]]:
-        if opts.adaptive:  # "auto": the stages one by one
-            return super().worker_batches(node, opts, seed, per_example=per_example,
-                                          collate_fn=collate_fn, length=length, copies=copies)  # fmt: skip
-        return ExampleBatches(
-            node, cast(float, opts.echo_factor), batch_size=opts.batch_size,
-            shuffle_buffer=cast(int, opts.shuffle_buffer), transform=per_example,
-            seed=seed(STAGE_ECHO), copy=self.copies_can_alias(opts, collate_fn, per_example is not None),
-            length=length, copies=copies,
-        )  # fmt: skip
 
     def copies_can_alias(
         self, opts: Options, collate_fn: Callable[[list[Any]], Any], transforms: bool
@@ -110,6 +103,7 @@ class AfterAugment(_ExampleEcho):
 
     name = "after_augment"
     identical_copies = True
+    transform_first = True
 
     def order(
         self, node: BaseNode[Any], transform: Chain, echo_and_shuffle: Chain
