@@ -30,7 +30,6 @@ from dataecho import _validate
 from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader.chains import (
     MAIN_PROCESS,
-    batch_stages,
     close_chain,
 )
 from dataecho.loader.dataset_transform import warn_identical_copies
@@ -41,6 +40,7 @@ from dataecho.loader.inner import inner_loader, prefetch_depth
 from dataecho.loader.length import epoch_batches, epoch_fresh_batches
 from dataecho.loader.options import MAX_PREFETCH_FACTOR, LoaderOptions, loader_options
 from dataecho.loader.pipeline import PipelineDataset, over_stream
+from dataecho.loader.points.common import MainSide
 from dataecho.loader.reading import finish_restored_pass, is_map_style, is_stateful
 from dataecho.loader.upstream_loader import LoaderUpstream, check_loader_upstream, is_loader
 from dataecho.loader.workers import PersistentWorkers, WorkersNode
@@ -386,7 +386,7 @@ class EchoingDataLoader:
         return EpochStart(root, count, [first], resume["yielded"])
 
     def _build_root(self) -> tuple[BaseNode[Any], FreshCount, BaseNode[Any] | None]:
-        """The main-process chain (:func:`~dataecho.loader.chains.batch_stages`), the epoch's
+        """The main-process chain (the insertion point's ``main_stages``), the epoch's
         fresh count, and its counting stage (or None)."""
         opts = over_stream(self.options, self._pipeline.stream)
         count = FreshCount(self.stats, **opts.point.counting(opts))
@@ -400,11 +400,10 @@ class EchoingDataLoader:
         epoch, rank = self._epoch, self._pipeline.fields.rank
         # Pinned by the inner loader, or by a DataLoader passed as the dataset.
         pins = self.pin_memory or bool(getattr(self.dataset, "pin_memory", False))
-        root, counting = batch_stages(
-            workers, opts, lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, rank, stage),
-            device=self._device, epoch_fresh_batches=lambda: epoch_fresh_batches(self),
-            pinned=pins and torch.cuda.is_available(),
-        )  # fmt: skip
+        side = MainSide(self._device, lambda: epoch_fresh_batches(self),
+                        pinned=pins and torch.cuda.is_available())  # fmt: skip
+        seeds = lambda stage: derive_seed(self.seed, epoch, MAIN_PROCESS, rank, stage)  # noqa: E731
+        root, counting = opts.point.main_stages(workers, opts, seeds, side)
         return root, count, counting
 
     # The checkpoint: the position it holds, and the epoch a loaded position continues. A

@@ -25,12 +25,13 @@ import numpy as np
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.nodes import BaseNode
 
-from dataecho.loader.chains import close_chain, example_batches
+from dataecho.loader.chains import close_chain
 from dataecho.loader.dataset_transform import find_transform, lifts
 from dataecho.loader.delivery import Delivery
 from dataecho.loader.epoch_counts import rank_examples, share_sizes, split_copies, total_copies
 from dataecho.loader.epoch_fields import EpochFields
 from dataecho.loader.options import LoaderOptions
+from dataecho.loader.points.common import WorkerSide
 from dataecho.loader.read_ahead import read_ahead
 from dataecho.loader.reading import (
     IndexedReader,
@@ -188,9 +189,9 @@ class PipelineIterator:
                 examples = rank_examples(len(dataset), rank=fields.rank, world=fields.world)
             shares = share_sizes(examples, max(num_workers, 1))
             copies = split_copies(total_copies(opts, sum(shares), split=True), shares)[worker]
-        batches = example_batches(node, opts, seed, per_example=per_example,
-                                  collate_fn=owner.collate_fn, length=share,
-                                  copies=copies)  # fmt: skip
+        # The insertion point's chain of this worker (dataecho.loader.points).
+        side = WorkerSide(per_example, owner.collate_fn, length=share, copies=copies)
+        batches = opts.point.worker_batches(node, opts, seed, side)
         self.root = Delivery(batches, opts.batch_size)
         self._pipe = info is not None and owner.pipe_small_batches
         collate_fn = owner.collate_fn

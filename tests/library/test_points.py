@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torchdata.nodes import BaseNode, Mapper
+from torchdata.nodes import Mapper
 
 from dataecho import EchoingDataLoader, LoaderOptions
 from dataecho.errors import DataechoValueError
 from dataecho.loader.points import POINTS, InsertionPoint, register
 from dataecho.loader.points.batches import Batch
-from dataecho.loader.points.common import Seeds, echo_stage
+from dataecho.loader.points.common import MainChain, MainSide, Node, Seeds, echo_stage
 from dataecho.stages.seeds import STAGE_ECHO
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dataecho"
@@ -63,16 +61,9 @@ class Reversed(Batch):
     name = "toy_reversed"
 
     def main_stages(
-        self,
-        workers: BaseNode[Any],
-        opts: LoaderOptions,
-        seed: Seeds,
-        *,
-        device: Any,
-        epoch_fresh_batches: Callable[[], int | None],
-        pinned: bool,
-    ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
-        echo = echo_stage(workers, opts, seed(STAGE_ECHO), length=epoch_fresh_batches())
+        self, workers: Node, opts: LoaderOptions, seed: Seeds, side: MainSide
+    ) -> MainChain:
+        echo = echo_stage(workers, opts, seed(STAGE_ECHO), length=side.epoch_fresh_batches())
         flip = Mapper(echo, lambda b: b.flip(0) if echo.copies_due == 0 else b)
         return flip, None
 

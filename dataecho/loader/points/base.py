@@ -7,12 +7,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch.utils.data import default_collate
-from torchdata.nodes import BaseNode
 
 from dataecho.errors import DataechoValueError
 
 if TYPE_CHECKING:
-    from dataecho.loader.points.common import Options, Seeds
+    from dataecho.loader.points.common import (
+        Batches,
+        MainChain,
+        MainSide,
+        Node,
+        Options,
+        Seeds,
+        WorkerSide,
+    )
 
 # The default post-echo shuffle buffer where examples are echoed, in batches' worth: copies
 # spread over about as many batches; as few fresh examples to a target as 40 batches' worth
@@ -73,31 +80,12 @@ class InsertionPoint:
                 "batch_transform= (run in the workers)"
             )
 
-    def worker_batches(
-        self,
-        node: BaseNode[Any],
-        opts: Options,
-        seed: Seeds,
-        *,
-        per_example: Callable[[Any], Any] | None,
-        collate_fn: Callable[[list[Any]], Any],
-        length: int | None,
-        copies: int | None,
-    ) -> BaseNode[list[Any]]:
+    def worker_batches(self, node: Node, opts: Options, seed: Seeds, side: WorkerSide) -> Batches:
         """A worker's batches of tagged copies over its tagged reads ``node``
         (:func:`dataecho.loader.chains.example_batches`)."""
         raise NotImplementedError
 
-    def main_stages(
-        self,
-        workers: BaseNode[Any],
-        opts: Options,
-        seed: Seeds,
-        *,
-        device: Any,
-        epoch_fresh_batches: Callable[[], int | None],
-        pinned: bool,
-    ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
+    def main_stages(self, workers: Node, opts: Options, seed: Seeds, side: MainSide) -> MainChain:
         """The main process's chain over the workers' batches and its counting stage
         (:func:`dataecho.loader.chains.batch_stages`): here, the workers' batches as they are."""
         return workers, None

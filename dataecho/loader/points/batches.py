@@ -12,12 +12,12 @@ from torchdata.nodes import BaseNode, Batcher, Mapper
 from dataecho._validate import check_takes_generator
 from dataecho.loader.device import DeviceTransform, Numbered, ToDevice
 from dataecho.loader.points.base import InsertionPoint
-from dataecho.loader.points.common import OnItem, echo_stage
+from dataecho.loader.points.common import MainSide, OnItem, WorkerSide, echo_stage
 from dataecho.stages import MixExamples, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_MIX, STAGE_SHUFFLE, STAGE_TRANSFORM
 
 if TYPE_CHECKING:
-    from dataecho.loader.points.common import Options, Seeds
+    from dataecho.loader.points.common import Batches, MainChain, Node, Options, Seeds
 
 
 class _BatchEcho(InsertionPoint):
@@ -25,18 +25,9 @@ class _BatchEcho(InsertionPoint):
 
     batch_level = True
 
-    def worker_batches(
-        self,
-        node: BaseNode[Any],
-        opts: Options,
-        seed: Seeds,
-        *,
-        per_example: Callable[[Any], Any] | None,
-        collate_fn: Callable[[list[Any]], Any],
-        length: int | None,
-        copies: int | None,
-    ) -> BaseNode[list[Any]]:
-        stages = node if per_example is None else Mapper(node, OnItem(per_example))
+    def worker_batches(self, node: Node, opts: Options, seed: Seeds, side: WorkerSide) -> Batches:
+        fn = side.per_example
+        stages = node if fn is None else Mapper(node, OnItem(fn))
         return Batcher(stages, opts.batch_size, drop_last=False)
 
     def copies_can_alias(
@@ -64,20 +55,11 @@ class Batch(_BatchEcho):
                 stacklevel=2,
             )
 
-    def main_stages(
-        self,
-        workers: BaseNode[Any],
-        opts: Options,
-        seed: Seeds,
-        *,
-        device: Any,
-        epoch_fresh_batches: Callable[[], int | None],
-        pinned: bool,
-    ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
+    def main_stages(self, workers: Node, opts: Options, seed: Seeds, side: MainSide) -> MainChain:
         node = workers
         if opts.echoes:
             node = echo_stage(node, opts, seed(STAGE_ECHO), copy=opts.copy,
-                              length=epoch_fresh_batches(), pinned=pinned)  # fmt: skip
+                              length=side.epoch_fresh_batches(), pinned=side.pinned)  # fmt: skip
         counting = node if opts.adaptive else None
         batches = (opts.shuffle_buffer or 0) // opts.batch_size
         if batches > 1:
@@ -113,18 +95,10 @@ class Device(_BatchEcho):
         pool = self.pool_counts(opts)
         return {"deferred": not pool, "counted_downstream": pool}
 
-    def main_stages(
-        self,
-        workers: BaseNode[Any],
-        opts: Options,
-        seed: Seeds,
-        *,
-        device: Any,
-        epoch_fresh_batches: Callable[[], int | None],
-        pinned: bool,
-    ) -> tuple[BaseNode[Any], BaseNode[Any] | None]:
+    def main_stages(self, workers: Node, opts: Options, seed: Seeds, side: MainSide) -> MainChain:
         # On CUDA with a fixed factor the next fresh batch's copy stays in flight ("auto"
         # reads on its own thread, which overlaps the copies already).
+        device = side.device
         ahead = device.type == "cuda" and not opts.adaptive
         mixed = self.pool_counts(opts)
         node: BaseNode[Any] = ToDevice(workers, device, ahead=ahead)
@@ -135,7 +109,7 @@ class Device(_BatchEcho):
             # Into the pool, copies need not be separate objects: the pool copies their rows
             # into its slots, and every batch it emits is gathered anew.
             node = counting = echo_stage(node, opts, seed(STAGE_ECHO), copy=opts.copy and not mixed,
-                                         length=epoch_fresh_batches())  # fmt: skip
+                                         length=side.epoch_fresh_batches())  # fmt: skip
         if mixed:  # the copies' examples spread over the batches that follow
             # With drop_last the pool fills the epoch's short fresh batch (loader/remainders.py).
             fill_to = opts.batch_size if opts.drop_last and opts.echoes else 0

@@ -4,14 +4,18 @@ a user's function on tagged items, and the echo stage the options ask for."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, cast
 
 from torchdata.nodes import BaseNode
 
 from dataecho.stages import Echo
 from dataecho.stages.adaptive import AdaptiveEcho
 
-Seeds = Callable[[int], int]  # a stage id -> that stage's seed
+Seeds: TypeAlias = Callable[[int], int]  # a stage id -> that stage's seed
+Node: TypeAlias = BaseNode[Any]
+Batches: TypeAlias = BaseNode[list[Any]]  # a worker's batches, as lists of tagged copies
+MainChain: TypeAlias = tuple[Node, Node | None]  # the main process's root and counting stage
 
 
 class Options(Protocol):
@@ -48,6 +52,32 @@ class Options(Protocol):
     def echoes(self) -> bool: ...
     @property
     def batch_level(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class WorkerSide:
+    """What a worker's chain is built from, besides the options and the seeds:
+    ``per_example``, the transform run on each item (the user's or the dataset's) or None;
+    ``collate_fn``; ``length``, the items the worker reads this epoch; ``copies``, its part of
+    the epoch's copies where the loader shares them out (:func:`echo_stage`)."""
+
+    per_example: Callable[[Any], Any] | None
+    collate_fn: Callable[[list[Any]], Any]
+    length: int | None
+    copies: int | None = None
+
+
+@dataclass(frozen=True)
+class MainSide:
+    """What the main process's chain is built from, besides the options and the seeds:
+    ``device``, the ``torch.device`` of a point on the device (else None);
+    ``epoch_fresh_batches``, the batches the workers deliver this epoch, so that a fractional
+    factor gives a fixed number of them an extra copy; ``pinned``, whether the workers'
+    batches come pinned (``pin_memory``), as the host's copies of them must too."""
+
+    device: Any = None
+    epoch_fresh_batches: Callable[[], int | None] = lambda: None
+    pinned: bool = False
 
 
 class OnItem:

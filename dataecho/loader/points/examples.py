@@ -12,13 +12,13 @@ from torchdata.nodes import BaseNode, Batcher, Mapper
 from dataecho.errors import DataechoValueError
 from dataecho.loader.example_batches import ExampleBatches
 from dataecho.loader.points.base import InsertionPoint
-from dataecho.loader.points.common import OnItem, echo_stage
+from dataecho.loader.points.common import OnItem, WorkerSide, echo_stage
 from dataecho.loader.spread import SpreadBatches
 from dataecho.stages import Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE
 
 if TYPE_CHECKING:
-    from dataecho.loader.points.common import Options, Seeds
+    from dataecho.loader.points.common import Batches, Node, Options, Seeds
 
 Chain = Callable[[BaseNode[Any]], BaseNode[Any]]  # a node -> that node with stages after it
 
@@ -38,18 +38,9 @@ class _ExampleEcho(InsertionPoint):
     ) -> BaseNode[Any]:
         raise NotImplementedError
 
-    def worker_batches(
-        self,
-        node: BaseNode[Any],
-        opts: Options,
-        seed: Seeds,
-        *,
-        per_example: Callable[[Any], Any] | None,
-        collate_fn: Callable[[list[Any]], Any],
-        length: int | None,
-        copies: int | None,
-    ) -> BaseNode[list[Any]]:
-        copy = self.copies_can_alias(opts, collate_fn, per_example is not None)
+    def worker_batches(self, node: Node, opts: Options, seed: Seeds, side: WorkerSide) -> Batches:
+        per_example, length, copies = side.per_example, side.length, side.copies
+        copy = self.copies_can_alias(opts, side.collate_fn, per_example is not None)
         buffer = cast(int, opts.shuffle_buffer)  # derived on construction: never None
 
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
