@@ -356,6 +356,8 @@ class EchoingDataLoader:
             self._epoch += 1
         saved = resume.get("indices") if resume is not None else None
         self._pipeline.fields.prepare(self._epoch, self.seed, self.sampler, saved)
+        if self._pipeline.stream is not None:
+            self._pipeline.stream.start_epoch(self._epoch)
         root, count, counting = self._build_root()
         with as_current(self._device):  # the pin thread's device (loader/device.py)
             root.reset(resume["root"] if resume else None)

@@ -6,6 +6,7 @@ and ranks: a stream not split by node is split, one already split is not split a
 from __future__ import annotations
 
 import collections
+import time
 
 import pytest
 from conftest import needs_nginx
@@ -50,6 +51,25 @@ def test_every_example_is_delivered_as_often_as_the_factor_says(nginx, where, fa
         loader = echoing(stream(nginx, shuffle=True), where, factor, workers)
     orders = check_epochs(loader, factor)
     assert orders[0] != orders[1], "the stream is told the epoch: a new shuffle each"
+
+
+def test_workers_starting_together_read_the_epoch_the_loader_set(nginx, monkeypatch):
+    # The library keeps a stream's epoch in memory it shares with the workers, and its
+    # set_epoch reads that value, then adds the change: two workers setting it at once may both
+    # add it and read their files in another epoch's order. The window is widened here (the
+    # same read, then add) so that they always overlap.
+    def set_epoch(self, epoch: int) -> None:
+        change = epoch - self._epoch
+        time.sleep(0.2)
+        self._epoch += change
+
+    monkeypatch.setattr(datasets.IterableDataset, "set_epoch", set_epoch)
+    dataset = stream(nginx, shuffle=True)
+    with pytest.warns(ShuffleBufferLostWarning, match="shuffle_buffer="):
+        loader = echoing(dataset, "after_augment", 2, 2)
+    for epoch in range(3):
+        check_epochs(loader, 2, epochs=1) if epoch == 0 else epoch_ids(loader)
+        assert int(dataset.epoch) == epoch, f"epoch {epoch}: the stream read epoch {dataset.epoch}"
 
 
 @pytest.mark.slow

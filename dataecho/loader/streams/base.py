@@ -40,6 +40,9 @@ class Stream:
         copy); its ``share`` is the number of items in it, or None where unknown."""
         raise NotImplementedError
 
+    def start_epoch(self, epoch: int) -> None:
+        """In the training process, before ``epoch``'s workers start (nothing by default)."""
+
 
 class PositionReader(BaseNode[Any]):
     """Reads ``fetch(key)`` for each of ``keys`` in order. State: the position alone, so a

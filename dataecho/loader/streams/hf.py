@@ -164,6 +164,13 @@ class HFStream(Stream):
     def matches(cls, dataset: Any) -> bool:
         return defined_in(dataset, "datasets", ("IterableDataset",))
 
+    def start_epoch(self, epoch: int) -> None:
+        # The library keeps the epoch in memory shared with the workers (for persistent ones),
+        # and set_epoch adds the change to it: two workers setting it at once may both add it
+        # (2 -> 3 for epoch 2), and read their files in another epoch's order. Set here, before
+        # the workers start, it is each worker's already: their set_epoch adds nothing.
+        self.dataset.set_epoch(epoch)
+
     def reader(
         self, dataset: Any, *, epoch: int, worker: int, num_workers: int, rank: int, world: int
     ) -> BaseNode[Any]:
