@@ -14,7 +14,7 @@ from typing import Any
 from dataecho._validate import BATCH_WHY, MAX_BATCH, Check, EchoFactor, Int, Real, checked
 from dataecho.errors import DataechoTypeError, DataechoValueError
 from dataecho.loader import LoaderOptions
-from dataecho.loader.points import point_named
+from dataecho.loader.points import POINTS
 
 # The largest echo factor a run takes (fixed, or the most copies with "auto"). Each fresh item
 # is emitted that many times, so a factor past this only repeats the same data: the papers'
@@ -85,9 +85,9 @@ def run_loader(base: Any, flat: dict[str, Any], default_batch_size: int) -> Load
         changes[name] = checked(name, RUN_LOADER_CHECKS[name], changes[name])
     if changes.get("batch_size") is None:
         changes["batch_size"] = default_batch_size
-    where = checked("where", LOADER_FIELDS["where"].metadata["check"],
-                    changes.get("where", LOADER_FIELDS["where"].default))  # fmt: skip
-    if changes.get("shuffle_buffer") is None and point_named(where).on_device:
+    # An unknown where is left to LoaderOptions, which names the registered ones.
+    point = POINTS.get(changes.get("where", LOADER_FIELDS["where"].default))
+    if changes.get("shuffle_buffer") is None and point is not None and point.on_device:
         changes["shuffle_buffer"] = DEVICE_POOL_BATCHES * changes["batch_size"]
     return LoaderOptions(**changes)
 

@@ -20,23 +20,12 @@ from dataecho.stages.seeds import STAGE_ECHO, STAGE_SHUFFLE
 if TYPE_CHECKING:
     from dataecho.loader.points.common import Batches, Node, Options, Seeds
 
-Chain = Callable[[BaseNode[Any]], BaseNode[Any]]  # a node -> that node with stages after it
-
 
 class _ExampleEcho(InsertionPoint):
-    """Echo -> shuffle and the transform, in the order :meth:`order` gives, then batches. At a
-    fixed factor one node does the echo, the shuffle and the copies a batch at a time
-    (:mod:`dataecho.loader.example_batches`), with the transform before it (``after_augment``)
-    or on each copy as its batch is formed (``before_augment``); with ``"auto"``, the stages
-    one by one."""
-
-    #: The transform runs before the echo stage: the copies are identical.
-    transform_first: bool = False
-
-    def order(
-        self, node: BaseNode[Any], transform: Chain, echo_and_shuffle: Chain
-    ) -> BaseNode[Any]:
-        raise NotImplementedError
+    """Echo -> shuffle and the transform, then batches: the transform first where the copies
+    are identical (``after_augment``), else on each copy (``before_augment``). At a fixed
+    factor one node does the echo, the shuffle and the copies a batch at a time
+    (:mod:`dataecho.loader.example_batches`); with ``"auto"``, the stages one by one."""
 
     def worker_batches(self, node: Node, opts: Options, seed: Seeds, side: WorkerSide) -> Batches:
         per_example, length, copies = side.per_example, side.length, side.copies
@@ -46,8 +35,8 @@ class _ExampleEcho(InsertionPoint):
         def transform(n: BaseNode[Any]) -> BaseNode[Any]:
             return n if per_example is None else Mapper(n, OnItem(per_example))
 
+        first = self.identical_copies  # the transform runs before the echo stage
         if not opts.adaptive:
-            first = self.transform_first
             return ExampleBatches(
                 transform(node) if first else node, cast(float, opts.echo_factor),
                 batch_size=opts.batch_size, shuffle_buffer=buffer,
@@ -62,7 +51,7 @@ class _ExampleEcho(InsertionPoint):
                 n = Shuffle(n, buffer, seed=seed(STAGE_SHUFFLE))
             return n
 
-        stages = self.order(node, transform, echo_and_shuffle)
+        stages = echo_and_shuffle(transform(node)) if first else transform(echo_and_shuffle(node))
         # With a shuffle buffer no two copies of an example share a batch: a copy that meets
         # its twin waits, up to the buffer's batches.
         if opts.echoes and buffer > 1:
@@ -77,11 +66,6 @@ class BeforeAugment(_ExampleEcho):
     name = "before_augment"
     lifts_dataset_transform = True
 
-    def order(
-        self, node: BaseNode[Any], transform: Chain, echo_and_shuffle: Chain
-    ) -> BaseNode[Any]:
-        return transform(echo_and_shuffle(node))
-
     def copies_can_alias(
         self, opts: Options, collate_fn: Callable[[list[Any]], Any], transforms: bool
     ) -> bool:
@@ -94,12 +78,6 @@ class AfterAugment(_ExampleEcho):
 
     name = "after_augment"
     identical_copies = True
-    transform_first = True
-
-    def order(
-        self, node: BaseNode[Any], transform: Chain, echo_and_shuffle: Chain
-    ) -> BaseNode[Any]:
-        return echo_and_shuffle(transform(node))
 
     def check(self, opts: Options) -> None:
         super().check(opts)
