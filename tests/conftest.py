@@ -274,7 +274,7 @@ def wait_for_log(proc: subprocess.Popen, read_log: Callable[[], str], needle: st
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files with a test marked ``slow`` first, each file's tests in their own order.
 
-    ``make test`` hands whole files to its two processes in this order (``--dist loadfile
+    ``make test`` hands whole files to its three processes in this order (``--dist loadfile
     --no-loadscope-reorder``): the long files start early and overlap the many short ones,
     instead of one of them running alone at the end.
     """

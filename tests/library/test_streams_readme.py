@@ -1,6 +1,7 @@
-"""The README's streaming blocks, run as written against real servers (moto's S3 endpoint for
-mosaic and litdata, nginx for webdataset and Hugging Face), with the README's addresses swapped
-for the servers': each loader delivers every example four times in an epoch."""
+"""The streaming blocks of the README and of docs/streaming.md, run as written against real
+servers (moto's S3 endpoint for mosaic and litdata, nginx for webdataset and Hugging Face), with
+the pages' addresses swapped for the servers': each loader delivers every example four times in
+an epoch."""
 
 from __future__ import annotations
 
@@ -27,17 +28,24 @@ from dataecho.app.sources.nginx import NginxServer
 
 skip_without("streaming", "litdata", "moto", "boto3", "webdataset", "datasets")
 pytestmark = [needs_nginx, pytest.mark.filterwarnings("ignore:The given NumPy array")]
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = {
+    "README": ("README.md", "## Data over a network"),
+    "docs": ("docs/streaming.md", "## The lines you change"),
+}
+LIBRARIES = ["from streaming import", "import litdata", "import webdataset", "load_dataset"]
 
 
-def blocks() -> list[str]:
-    section = README.read_text().split("## Data over a network")[1].split("\n## ")[0]
+def blocks(page: str) -> list[str]:
+    path, heading = PAGES[page]
+    section = (ROOT / path).read_text().split(heading)[1].split("\n## ")[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_the_section_has_a_block_per_library():
-    libraries = ["from streaming import", "import litdata", "import webdataset", "load_dataset"]
-    assert [next(lib for lib in libraries if lib in b) for b in blocks()] == libraries
+def test_the_streaming_page_has_a_block_per_library_and_the_readme_one_of_them():
+    # the README's block is one of the page's, so running the page's runs it too
+    assert [next(lib for lib in LIBRARIES if lib in b) for b in blocks("docs")] == LIBRARIES
+    assert len(blocks("README")) == 1 and blocks("README")[0] in blocks("docs")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +72,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize("index", range(4))
 def test_each_block_runs_as_written(servers, index):
-    code = blocks()[index]
+    code = blocks("docs")[index]
     for readme, real in servers.items():
         code = code.replace(readme, real)
     if "from streaming import" in code:  # mosaic, given the tests' torchvision stand-in
@@ -72,6 +80,6 @@ def test_each_block_runs_as_written(servers, index):
 
         import_streaming()
     scope: dict = {}
-    exec(compile(code, f"README block {index}", "exec"), scope)
+    exec(compile(code, f"docs/streaming.md block {index}", "exec"), scope)
     counts = collections.Counter(epoch_ids(scope["loader"]))
     assert counts == {i: 4 for i in range(N)}
