@@ -46,12 +46,14 @@ demo: $(STAMP) system-packages
 # marked slow are handed out first (tests/conftest.py), in that order: no reordering.
 # Tests marked "alone" run after the others, on a machine left to them: the streaming
 # benchmark's tiny run stalled in a library's own loader while another test loaded both cores.
+# They live in tests/benchmarks (tests/conftest.py refuses one elsewhere), the one folder
+# collected for them.
 test: $(STAMP) system-packages ruff
 	$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & typing=$$!; \
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m "not alone"; \
 	tests=$$?; wait $$typing; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
-	$(BIN)/python -m pytest -q -m alone
+	$(BIN)/python -m pytest -q -m alone tests/benchmarks
 
 LINTED := dataecho experiments benchmarks scripts tests
 

@@ -7,6 +7,7 @@ through a checkpoint file the way training code saves one.
 
 from __future__ import annotations
 
+import gc
 import io
 import itertools
 import os
@@ -271,6 +272,15 @@ def wait_for_log(proc: subprocess.Popen, read_log: Callable[[], str], needle: st
         time.sleep(0.05)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # What collection imported (torch, the libraries under test, every test module) lives as
+    # long as the test process: kept out of the collector, the full collections that the tests'
+    # allocations set off walk only the tests' own objects, and write less to pages the loader
+    # workers forked from this process share with it.
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files with a test marked ``slow`` first, each file's tests in their own order.
 
@@ -280,6 +290,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # a stable sort
+    # make test collects only tests/benchmarks for its "alone" run (collecting every file
+    # costs seconds): a test marked alone elsewhere would never run.
+    benchmarks = Path(__file__).parent / "benchmarks"
+    astray = [item.nodeid for item in items
+              if item.get_closest_marker("alone") and benchmarks not in item.path.parents]  # fmt: skip
+    if astray:
+        raise pytest.UsageError(f"tests marked alone must live in tests/benchmarks/: {astray}")
 
 
 # Burns CPU until its own CPU time reaches the first argument (seconds), however busy the cores
