@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+from experiments.choi.plan import variant
+from experiments.choi.wall_time import RATIOS
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.choi.plan import variant  # noqa: E402
-from experiments.choi.wall_time import RATIOS  # noqa: E402
+def pyplot() -> Any:
+    """matplotlib's pyplot for files only, loaded on first use (it takes tenths of a second)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot(rows: list[dict], path: Path) -> None:
     workloads = sorted({r["workload"] for r in rows})
     sizes = {w: sorted({r["batch_size"] for r in rows if r["workload"] == w}) for w in workloads}
+    plt = pyplot()
     fig, axes = plt.subplots(len(workloads), 2, figsize=(10, 4 * len(workloads)), squeeze=False)
     for i, wl in enumerate(workloads):
         for j, bs in enumerate(sizes[wl]):
@@ -44,6 +51,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def plot_speedup(trows: list[dict], path: Path) -> None:
     keys = sorted({(r["workload"], r["batch_size"]) for r in trows})
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.5), squeeze=False)
     for ax, (wl, bs) in zip(axes[0], keys, strict=True):
         sub = sorted((r for r in trows if (r["workload"], r["batch_size"]) == (wl, bs)),

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import rdata
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,6 +55,8 @@ def novels():
 
 def serialize(obj) -> bytes:
     """R serialization (XDR) of a Python object, as R's serialize() writes it."""
+    import rdata  # on first use, as the module under test does: it loads pandas
+
     return rdata.unparser.unparse_data(
         rdata.conversion.convert_python_to_r_data(obj), file_type="rds"
     )
@@ -81,6 +82,8 @@ def write_db(stem: Path, objects: dict, compressed: int = 1, kind: bytes = b"Z")
     stem.with_suffix(".rdb").write_bytes(b"".join(blobs))
     flag = np.array([True]) if compressed == 1 else np.array([compressed], dtype=np.int32)
     index = {"variables": variables, "references": {}, "compressed": flag}
+    import rdata
+
     rdata.write_rds(stem.with_suffix(".rdx"), index)
     return stem
 

@@ -23,7 +23,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import rdata
 import torch
 from torch.utils.data import Dataset
 
@@ -88,6 +87,8 @@ def _unpack_blob(blob: bytes, compressed: int, name: str) -> bytes:
 
 def read_lazyload_db(stem: str | Path, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Objects ``names`` (default: all) of the R lazy-load database ``<stem>.rdx`` + ``.rdb``."""
+    import rdata  # here, not at import: it loads pandas (half a second)
+
     stem = Path(stem)
     rdx, rdb = stem.with_suffix(".rdx"), stem.with_suffix(".rdb")
     for path in (rdx, rdb):
