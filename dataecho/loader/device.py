@@ -1,7 +1,7 @@
 """Echoing on the training device (``where="device"``): one host-to-device copy per fresh batch.
 
 The main-process chain is workers -> :class:`ToDevice` -> with ``shuffle_buffer`` (in
-examples), :class:`Numbered` -> echo stage (fixed or ``"auto"``,
+examples), :class:`~dataecho.loader.reading.Tagged` (each fresh batch's number) -> echo stage (fixed or ``"auto"``,
 batch level; ``copy=True`` clones on the device) -> with ``shuffle_buffer``,
 :class:`~dataecho.stages.MixExamples`, which forms each batch from random examples of a pool on
 the device, so a fresh batch's copies spread over the batches that follow as with example
@@ -277,35 +277,3 @@ class DeviceTransform(BaseNode[Any]):
             "source": to_host(self.source.state_dict()),
             "batches": self._batches,
         }
-
-
-# Numbering the fresh batches, so the pool can count first deliveries: the echo stage copies
-# whole items, so every copy of a fresh batch carries the batch's number, and the pool after it
-# (MixExamples with numbered=True) tells by it which emitted examples are the first copies of
-# their fresh example to leave: an example counts when it is first trained on, not when it
-# enters the pool.
-class Numbered(BaseNode[tuple[int, Any]]):
-    """``(n, batch)`` for the ``n``-th batch of ``source`` in the epoch (1, 2, ...). State:
-    the source's and the count."""
-
-    def __init__(self, source: BaseNode[Any]) -> None:
-        super().__init__()
-        self.source = source
-        self._count = 0
-
-    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        super().reset(initial_state)
-        if initial_state is None:
-            self.source.reset(None)
-            self._count = 0
-        else:
-            self.source.reset(initial_state["source"])
-            self._count = int(initial_state["count"])
-
-    def next(self) -> tuple[int, Any]:
-        batch = next(self.source)
-        self._count += 1
-        return self._count, batch
-
-    def get_state(self) -> dict[str, Any]:
-        return {"source": self.source.state_dict(), "count": self._count}

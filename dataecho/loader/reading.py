@@ -161,10 +161,12 @@ class IterableReader(BaseNode[Any]):
 
 
 class Tagged(BaseNode[Any]):
-    """Pass-through that numbers the items read from upstream: ``(read_number, item)``.
+    """Pass-through that numbers the items read from upstream: ``(read_number, item)``, from 0.
 
-    The number travels with every echoed copy, so the delivery end counts each fresh example
-    once, when its first copy reaches a batch (:mod:`dataecho.loader.delivery`).
+    The number travels with every echoed copy, so the end that counts fresh examples tells a
+    first copy from the rest: in a worker, when an example's first copy reaches a batch
+    (:mod:`dataecho.loader.delivery`); on the device, when a fresh batch's examples first leave
+    the pool (:class:`~dataecho.stages.MixExamples` with ``numbered=True``).
     """
 
     def __init__(self, source: BaseNode[Any]) -> None:

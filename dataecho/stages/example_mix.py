@@ -13,7 +13,7 @@ which slots hold an example, which are free and which are drawn is kept on the h
 the drawn and the filled slot numbers go to the device, where they never make the host wait.
 
 With ``numbered=True`` the source's items are ``(n, batch)``: ``n`` numbers the fresh batch a
-copy came from (:class:`dataecho.loader.device.Numbered` before the echo stage), and
+copy came from (:class:`dataecho.loader.reading.Tagged` before the echo stage), and
 :attr:`MixExamples.first_deliveries` counts the examples whose first copy has left the pool,
 so a loader counts an example fresh when it is first trained on (host bookkeeping as well).
 :meth:`MixExamples.drain` then ends a run at a budget of fresh examples with every copy of
@@ -122,10 +122,10 @@ class MixExamples(Stage[Any]):
         self._exhausted = False
         self._draws: np.random.Generator | None = None
         self._saved_draws: dict[str, Any] | None = None  # a resumed state, until it is used
-        # Numbered: per slot, the example it holds as n * ROWS + row; those not delivered yet.
+        # With numbered: per slot, the example it holds as n * ROWS + row; those not delivered yet.
         self._example = np.zeros(0, dtype=np.int64)
         self._undelivered: set[int] = set()
-        self._newest = 0  # the highest batch number seen: a lower one is a copy
+        self._newest = -1  # the highest batch number seen (they start at 0): a lower one is a copy
         self.first_deliveries = 0  # this epoch's examples whose first copy left the pool
         self._draining = False  # drain(): only the held copies of delivered examples are drawn
         self._aside = np.zeros(0, dtype=np.int64)  # draining: slots of undelivered examples

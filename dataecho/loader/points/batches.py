@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from torchdata.nodes import BaseNode, Batcher, Mapper
 
 from dataecho._validate import check_takes_generator
-from dataecho.loader.device import DeviceTransform, Numbered, ToDevice
+from dataecho.loader.device import DeviceTransform, ToDevice
 from dataecho.loader.points.base import InsertionPoint
 from dataecho.loader.points.common import MainSide, OnItem, WorkerSide, echo_stage
+from dataecho.loader.reading import Tagged
 from dataecho.stages import MixExamples, Shuffle
 from dataecho.stages.seeds import STAGE_ECHO, STAGE_MIX, STAGE_SHUFFLE, STAGE_TRANSFORM
 
@@ -104,7 +105,7 @@ class Device(_BatchEcho):
         node: BaseNode[Any] = ToDevice(workers, device, ahead=ahead)
         counting: BaseNode[Any] = node
         if mixed:  # each copy carries its fresh batch's number to the pool
-            node = Numbered(node)
+            node = Tagged(node)
         if opts.echoes:
             # Into the pool, copies need not be separate objects: the pool copies their rows
             # into its slots, and every batch it emits is gathered anew.
