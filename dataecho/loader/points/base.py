@@ -81,13 +81,13 @@ class InsertionPoint:
             )
 
     def worker_batches(self, node: Node, opts: Options, seed: Seeds, side: WorkerSide) -> Batches:
-        """A worker's batches of tagged copies over its tagged reads ``node``
-        (:func:`dataecho.loader.chains.example_batches`)."""
+        """A worker's batches of tagged copies over its tagged reads ``node`` (asked by the
+        worker's pipeline, :mod:`dataecho.loader.pipeline`)."""
         raise NotImplementedError
 
     def main_stages(self, workers: Node, opts: Options, seed: Seeds, side: MainSide) -> MainChain:
-        """The main process's chain over the workers' batches and its counting stage
-        (:func:`dataecho.loader.chains.batch_stages`): here, the workers' batches as they are."""
+        """The main process's chain over the workers' batches and its counting stage (asked by
+        ``EchoingDataLoader`` as it builds an epoch): here, the workers' batches as they are."""
         return workers, None
 
     def pool_counts(self, opts: Options) -> bool:
