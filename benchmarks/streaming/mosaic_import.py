@@ -5,13 +5,15 @@ benchmark does not use; it takes two names, ``torchvision.datasets.VisionDataset
 ``torchvision.transforms.functional.to_tensor``. PyPI's torchvision is built for the CUDA torch
 and cannot load beside the development set-up's CPU torch, so where ``import torchvision``
 fails, :func:`import_streaming` puts a stand-in for those two names in ``sys.modules``, imports
-mosaic, and takes the stand-in out again (nothing else then sees a torchvision). Every part of
+mosaic, and takes the stand-in out again (nothing else then sees a torchvision: transformers,
+which mosaic imports, is imported before the stand-in is put in). Every part of
 mosaic the benchmark runs (``MDSWriter``, ``StreamingDataset``'s partition, shuffle, downloads
 and decoding, ``StreamingDataLoader``) is mosaic's own. Where torchvision loads, it is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import sys
 import types
@@ -46,6 +48,11 @@ def import_streaming() -> types.ModuleType:
     except Exception:  # not installed, or built for another torch
         for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
             del sys.modules[name]
+        # mosaic imports transformers (for BatchFeature), which caches what it finds installed:
+        # imported before the stand-in is in place, it finds no torchvision, and a later
+        # `from transformers import Trainer` does not reach for torchvision's transforms.
+        with contextlib.suppress(ImportError):
+            import transformers.feature_extraction_utils  # noqa: F401
         for name, attrs in STANDINS.items():
             module = types.ModuleType(name)
             # A spec, so that a find_spec on the name answers as for a real module.

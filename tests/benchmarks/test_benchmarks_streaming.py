@@ -124,12 +124,25 @@ def test_windows_add_up_over_rounds():
     assert math.isnan(measure.Window().steps_per_s)
 
 
+# In a new interpreter: in this one, transformers may have been imported already.
+MOSAIC_THEN_TRAINER = """
+import importlib.util, sys
+from benchmarks.streaming.mosaic_import import STANDINS, import_streaming
+
+module = import_streaming()
+assert hasattr(module, "StreamingDataset") and hasattr(module, "MDSWriter")
+for name in STANDINS:  # gone again, or a real torchvision (its spec names a file)
+    assert name not in sys.modules or sys.modules[name].__spec__.origin is not None, name
+if importlib.util.find_spec("transformers") is not None:
+    from transformers import Trainer  # its image code imports torchvision if it saw one
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
 def test_mosaic_imports_without_torchvision_and_leaves_no_stand_in():
     if importlib.util.find_spec("streaming") is None:  # importing it may fail on torchvision
         pytest.skip("mosaicml-streaming not installed")
-    from benchmarks.streaming.mosaic_import import STANDINS, import_streaming
-
-    module = import_streaming()
-    assert hasattr(module, "StreamingDataset") and hasattr(module, "MDSWriter")
-    for name in STANDINS:  # gone again, or a real torchvision (its spec names a file)
-        assert name not in sys.modules or sys.modules[name].__spec__.origin is not None, name
+    run = subprocess.run([sys.executable, "-c", MOSAIC_THEN_TRAINER], cwd=ROOT,
+                         capture_output=True, text=True, timeout=100)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
