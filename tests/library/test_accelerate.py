@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate import Accelerator
 from conftest import assert_same_stream
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -44,6 +43,9 @@ class Run:
     with ``register``, the loader goes into the accelerator's checkpoints (``register_loader``)."""
 
     def __init__(self, *, register: bool) -> None:
+        # accelerate is imported by the tests that use it, not at collection in every process.
+        from accelerate import Accelerator
+
         self.accelerator = Accelerator(cpu=True)
         with torch.random.fork_rng():
             torch.manual_seed(0)

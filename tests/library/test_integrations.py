@@ -11,9 +11,8 @@ import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import pytest
 import torch
 from conftest import assert_same_item, assert_same_stream, run_test_save_load_state, torch_roundtrip
@@ -33,6 +32,9 @@ from dataecho import EchoingDataLoader
 from dataecho.loader.dataset_transform import find_transform
 from dataecho.transforms import on_input
 
+if TYPE_CHECKING:
+    import datasets
+
 N = 30  # rows of every Hugging Face dataset here
 BATCH = 4
 
@@ -40,6 +42,10 @@ BATCH = 4
 @pytest.fixture(autouse=True)
 def hf_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No network, and the datasets cache under ``tmp_path`` (nothing in the home folder)."""
+    # datasets (with pandas and pyarrow) is imported by the tests that use it, not at collection
+    # in every test process.
+    import datasets
+
     cache = tmp_path / "hf-datasets-cache"
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -54,6 +60,8 @@ def hf_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def rows(n: int = N) -> datasets.Dataset:
     """Row i: {"id": i, "x": [i, i + 0.5], "label": i % 3}, as torch tensors."""
+    import datasets
+
     table = {
         "id": list(range(n)),
         "x": [[float(i), i + 0.5] for i in range(n)],
@@ -212,6 +220,8 @@ def test_an_iterable_hf_dataset_resumes_mid_epoch_without_loss(num_workers, k):
 
 def raw_rows(n: int = N) -> datasets.Dataset:
     """The rows of :func:`rows` as python objects (no format)."""
+    import datasets
+
     return datasets.Dataset.from_dict(rows(n).with_format(None)[:])
 
 
@@ -361,6 +371,8 @@ def images(n: int = N):
 
 
 def test_on_input_augments_the_image_of_an_image_label_tuple_per_copy(hf_offline):
+    import datasets
+
     table = datasets.Dataset.from_generator(images).with_format("torch")
     assert all(Path(f["filename"]).is_relative_to(hf_offline) for f in table.cache_files)
     loader = EchoingDataLoader(

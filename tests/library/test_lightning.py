@@ -16,17 +16,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from conftest import wait_until
-from lightning.pytorch.callbacks import ModelCheckpoint
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from dataecho import EchoingDataLoader
 
-N = 64  # examples in the training set
 TESTS = Path(__file__).resolve().parent
 
 pytestmark = [
@@ -37,99 +32,13 @@ pytestmark = [
 ]
 
 
-class Indexed(Dataset):
-    """Example i is (4 features, label i): a batch's labels are the ids of its examples."""
+@pytest.fixture(scope="module")
+def runs():
+    """This file's Lightning runs (lightning_runs), imported by the process that runs the file
+    rather than at collection in every test process: lightning takes a second to import."""
+    import lightning_runs
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return torch.full((4,), i / self.n), i
-
-
-def jitter(example):
-    """A per-example random augmentation that keeps the label."""
-    x, y = example
-    return x + 0.01 * torch.randn(4), y
-
-
-class Recorder(L.LightningModule):
-    """A linear model whose ``train_dataloader()`` is an EchoingDataLoader(``loader_kwargs``);
-    ``trained`` gets (epoch, labels of the batch) for every training step."""
-
-    def __init__(self, loader_kwargs: dict, *, one_cycle: bool = False, n: int = N) -> None:
-        super().__init__()
-        self.n = n  # examples in its training set
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            self.net = nn.Linear(4, 1)  # the same initial weights in every run
-        self.loader_kwargs = loader_kwargs
-        self.one_cycle = one_cycle
-        self.loader: EchoingDataLoader | None = None
-        self.trained: list[tuple[int, list[int]]] = []
-
-    def train_dataloader(self):
-        self.loader = EchoingDataLoader(Indexed(self.n), **self.loader_kwargs)
-        return self.loader
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        self.trained.append((self.current_epoch, y.tolist()))
-        return nn.functional.mse_loss(self.net(x).squeeze(-1), y.float() / self.n)
-
-    def configure_optimizers(self):
-        opt = torch.optim.SGD(self.parameters(), lr=0.1)
-        if not self.one_cycle:
-            return opt
-        total = self.trainer.estimated_stepping_batches
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    def epochs(self) -> list[list[list[int]]]:
-        """The batches trained, grouped by epoch."""
-        grouped: dict[int, list[list[int]]] = collections.defaultdict(list)
-        for epoch, ids in self.trained:
-            grouped[epoch].append(ids)
-        return [grouped[e] for e in sorted(grouped)]
-
-
-class WithValidation(Recorder):
-    """A Recorder with a small validation set; ``validations`` counts the validation runs."""
-
-    def __init__(self, loader_kwargs: dict) -> None:
-        super().__init__(loader_kwargs)
-        self.validations = 0
-
-    def val_dataloader(self):
-        return DataLoader(Indexed(8), batch_size=4)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x).squeeze(-1), y.float() / 8)
-
-    def on_validation_epoch_end(self):
-        self.validations += 1
-
-
-def fit(module: L.LightningModule, ckpt_path: str | Path | None = None, **kwargs) -> L.Trainer:
-    """``Trainer(**kwargs).fit(module)`` on one CPU, quietly."""
-    options = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "max_epochs": 2,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "enable_checkpointing": False,
-        "logger": False,
-        "num_sanity_val_steps": 0,
-        **kwargs,
-    }
-    trainer = L.Trainer(**options)
-    trainer.fit(module, ckpt_path=ckpt_path)
-    return trainer
+    return lightning_runs
 
 
 def counts(batches: list[list[int]]) -> collections.Counter:
@@ -137,30 +46,32 @@ def counts(batches: list[list[int]]) -> collections.Counter:
 
 
 @pytest.mark.parametrize("where", ["before_augment", "batch"])
-def test_each_epoch_trains_len_batches_and_every_example_echo_factor_times(where):
-    transform = jitter if where == "before_augment" else None
+def test_each_epoch_trains_len_batches_and_every_example_echo_factor_times(runs, where):
+    transform = runs.jitter if where == "before_augment" else None
     kwargs = {"batch_size": 8, "echo_factor": 2, "where": where, "transform": transform}
-    module = Recorder({**kwargs, "shuffle": True, "shuffle_buffer": 6, "seed": 0}, one_cycle=True)
-    trainer = fit(module, max_epochs=2)
+    module = runs.Recorder(
+        {**kwargs, "shuffle": True, "shuffle_buffer": 6, "seed": 0}, one_cycle=True
+    )
+    trainer = runs.fit(module, max_epochs=2)
     assert len(module.loader) == 16 == trainer.num_training_batches  # 64 examples x 2 / 8
     assert [len(epoch) for epoch in module.epochs()] == [16, 16]
     for epoch in module.epochs():
         assert all(len(ids) == 8 for ids in epoch)
-        assert counts(epoch) == {i: 2 for i in range(N)}
+        assert counts(epoch) == {i: 2 for i in range(runs.N)}
     # The estimate is the real count: OneCycleLR refuses to step past total_steps.
     assert trainer.estimated_stepping_batches == 32 == trainer.global_step
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     assert scheduler.total_steps == 32 and scheduler.last_epoch == 32
-    assert module.loader.stats.fresh_examples == 2 * N and module.loader.stats.batches == 32
+    assert module.loader.stats.fresh_examples == 2 * runs.N and module.loader.stats.batches == 32
 
 
 @pytest.mark.parametrize("where", ["batch", "after_augment"])
-def test_a_fractional_factor_trains_every_example_every_epoch(where):
+def test_a_fractional_factor_trains_every_example_every_epoch(runs, where):
     # Lightning reads len(loader) once: an epoch that yielded fewer batches than another would
     # be cut short there, and some examples left untrained.
     kwargs = {"batch_size": 8, "echo_factor": 2.5, "where": where, "shuffle": True, "seed": 0}
-    module = Recorder(kwargs, n=40)
-    trainer = fit(module, max_epochs=3)
+    module = runs.Recorder(kwargs, n=40)
+    trainer = runs.fit(module, max_epochs=3)
     assert [len(counts(epoch)) for epoch in module.epochs()] == [40, 40, 40]  # all trained
     # 5 fresh batches, 3 of them twice more; or 100 examples in batches of 8.
     assert len(module.loader) == 13 == trainer.num_training_batches
@@ -171,24 +82,24 @@ def test_a_fractional_factor_trains_every_example_every_epoch(where):
     assert module.loader.stats.fresh_examples == 3 * 40
 
 
-def test_lightning_epoch_e_trains_the_loaders_epoch_e():
+def test_lightning_epoch_e_trains_the_loaders_epoch_e(runs):
     # Lightning's setup_data calls iter() once and drops it unused: that starts no epoch.
     kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
               "seed": 0}  # fmt: skip
-    module = Recorder(kwargs)
-    trainer = fit(module, max_epochs=2)
-    twin = EchoingDataLoader(Indexed(N), **kwargs)
+    module = runs.Recorder(kwargs)
+    trainer = runs.fit(module, max_epochs=2)
+    twin = EchoingDataLoader(runs.Indexed(runs.N), **kwargs)
     plain = [[y.tolist() for _, y in twin] for _ in range(2)]
     assert [len(epoch) for epoch in plain] == [16, 16]
     assert module.epochs() == plain
     assert module.loader.epoch == trainer.current_epoch - 1 == 1
 
 
-def test_fractional_limit_train_batches_and_val_check_interval():
+def test_fractional_limit_train_batches_and_val_check_interval(runs):
     kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
               "seed": 0, "num_workers": 1, "shuffle_buffer": 0}  # fmt: skip
-    module = WithValidation(kwargs)
-    trainer = fit(module, max_epochs=2, limit_train_batches=0.5, val_check_interval=0.5)
+    module = runs.WithValidation(kwargs)
+    trainer = runs.fit(module, max_epochs=2, limit_train_batches=0.5, val_check_interval=0.5)
     assert len(module.loader) == 16 and trainer.num_training_batches == int(0.5 * 16) == 8
     assert [len(epoch) for epoch in module.epochs()] == [8, 8]
     for epoch in module.epochs():
@@ -201,25 +112,13 @@ def test_fractional_limit_train_batches_and_val_check_interval():
     assert wait_until(lambda: not multiprocessing.active_children(), timeout=5)
 
 
-class WorkerPids(WithValidation):
-    """A WithValidation that records its loader's worker pids at every training step."""
-
-    def __init__(self, loader_kwargs: dict) -> None:
-        super().__init__(loader_kwargs)
-        self.pids: set[tuple[int, ...]] = set()
-
-    def training_step(self, batch, batch_idx):
-        self.pids.add(tuple(w.pid for w in self.loader._inner._iterator._workers))
-        return super().training_step(batch, batch_idx)
-
-
 @pytest.mark.timeout(120)
-def test_persistent_workers_serve_every_epoch_and_stop_at_the_end_of_fit():
+def test_persistent_workers_serve_every_epoch_and_stop_at_the_end_of_fit(runs):
     kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
               "seed": 0, "num_workers": 1}  # fmt: skip
-    module = WorkerPids({**kwargs, "persistent_workers": True})
-    fit(module, max_epochs=3, limit_train_batches=0.5)  # epochs cut short, and validations
-    twin = EchoingDataLoader(Indexed(N), **kwargs)
+    module = runs.WorkerPids({**kwargs, "persistent_workers": True})
+    runs.fit(module, max_epochs=3, limit_train_batches=0.5)  # epochs cut short, and validations
+    twin = EchoingDataLoader(runs.Indexed(runs.N), **kwargs)
     plain = [[y.tolist() for _, y in twin][:8] for _ in range(3)]
     assert module.epochs() == plain and module.validations == 3
     assert len(module.pids) == 1  # the same worker in every epoch
@@ -233,25 +132,25 @@ def test_persistent_workers_serve_every_epoch_and_stop_at_the_end_of_fit():
     ids=["mid-epoch-0", "mid-epoch-1", "workers-mid-epoch-0", "last-batch-of-epoch-0"],
 )
 def test_resume_from_a_step_checkpoint_trains_what_the_uninterrupted_run_trains(
-    tmp_path, num_workers, k
+    runs, tmp_path, num_workers, k
 ):
     kwargs = {
         "batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
         "shuffle_buffer": 5, "seed": 0, "num_workers": num_workers,
     }  # fmt: skip
-    uninterrupted = Recorder(kwargs)
-    fit(uninterrupted, max_epochs=2)
+    uninterrupted = runs.Recorder(kwargs)
+    runs.fit(uninterrupted, max_epochs=2)
     assert len(uninterrupted.trained) == 32
 
-    stopped = Recorder(kwargs)
-    checkpoint = ModelCheckpoint(
+    stopped = runs.Recorder(kwargs)
+    checkpoint = runs.ModelCheckpoint(
         dirpath=tmp_path, filename="step", every_n_train_steps=k, save_top_k=-1
     )
-    fit(stopped, max_epochs=2, max_steps=k, callbacks=[checkpoint], enable_checkpointing=True)
+    runs.fit(stopped, max_epochs=2, max_steps=k, callbacks=[checkpoint], enable_checkpointing=True)
     assert len(stopped.trained) == k
 
-    resumed = Recorder(kwargs)
-    trainer = fit(resumed, ckpt_path=tmp_path / "step.ckpt", max_epochs=2)
+    resumed = runs.Recorder(kwargs)
+    trainer = runs.fit(resumed, ckpt_path=tmp_path / "step.ckpt", max_epochs=2)
     assert len(resumed.trained) == 32 - k
     assert stopped.trained + resumed.trained == uninterrupted.trained  # ids and epochs, in order
     assert trainer.global_step == 32
@@ -259,20 +158,20 @@ def test_resume_from_a_step_checkpoint_trains_what_the_uninterrupted_run_trains(
         assert torch.equal(got, want)
 
 
-def test_resume_from_an_end_of_epoch_checkpoint_trains_the_next_epoch(tmp_path):
+def test_resume_from_an_end_of_epoch_checkpoint_trains_the_next_epoch(runs, tmp_path):
     # Lightning loads no loader state from a checkpoint taken at an epoch's end (a finished
     # epoch is not a restart), but it calls set_epoch(1) on loader.batch_sampler.sampler (the
     # loader's EpochHook) before the epoch: the new loader runs epoch 1's order and seeds.
     kwargs = {"batch_size": 8, "echo_factor": 2, "where": "after_augment", "shuffle": True,
               "seed": 0}  # fmt: skip
-    uninterrupted = Recorder(kwargs)
-    fit(uninterrupted, max_epochs=2)
-    stopped = Recorder(kwargs)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="epoch", save_top_k=-1)
-    fit(stopped, max_epochs=1, callbacks=[checkpoint], enable_checkpointing=True)
+    uninterrupted = runs.Recorder(kwargs)
+    runs.fit(uninterrupted, max_epochs=2)
+    stopped = runs.Recorder(kwargs)
+    checkpoint = runs.ModelCheckpoint(dirpath=tmp_path, filename="epoch", save_top_k=-1)
+    runs.fit(stopped, max_epochs=1, callbacks=[checkpoint], enable_checkpointing=True)
     assert len(stopped.trained) == 16
-    resumed = Recorder(kwargs)
-    fit(resumed, ckpt_path=tmp_path / "epoch.ckpt", max_epochs=2)
+    resumed = runs.Recorder(kwargs)
+    runs.fit(resumed, ckpt_path=tmp_path / "epoch.ckpt", max_epochs=2)
     assert len(resumed.trained) == 16
     assert stopped.trained + resumed.trained == uninterrupted.trained
 
@@ -281,9 +180,9 @@ DDP_SCRIPT = """
 import json, os, sys
 from pathlib import Path
 
-sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_lightning, conftest
+sys.path.insert(0, {tests!r})  # lightning_runs
 import torch
-from test_lightning import Recorder, fit
+from lightning_runs import Recorder, fit
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
@@ -332,7 +231,7 @@ def _processes_running(needle: str) -> list[int]:
 
 
 @pytest.mark.timeout(180)
-def test_ddp_ranks_train_disjoint_halves_split_by_the_loader(tmp_path):
+def test_ddp_ranks_train_disjoint_halves_split_by_the_loader(runs, tmp_path):
     script = tmp_path / "ddp_fit.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT.format(tests=str(TESTS))))
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES}
@@ -360,6 +259,6 @@ def test_ddp_ranks_train_disjoint_halves_split_by_the_loader(tmp_path):
         assert set(first.values()) == set(second.values()) == {2}  # each echoed twice
         assert len(first) == len(second) == 32
         assert not set(first) & set(second)  # no example on both ranks
-        assert set(first) | set(second) == set(range(N))  # and none on neither
+        assert set(first) | set(second) == set(range(runs.N))  # and none on neither
         shares.append(set(first))
     assert shares[0] != shares[1]  # each epoch a new shuffled split

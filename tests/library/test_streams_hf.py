@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 from conftest import needs_nginx
@@ -26,7 +27,9 @@ from streams_data import (
 from dataecho.app.sources.nginx import NginxServer
 from dataecho.loader.streams.hf import ShuffleBufferLostWarning
 
-datasets = pytest.importorskip("datasets")
+if TYPE_CHECKING:
+    import datasets
+
 pytestmark = needs_nginx
 FILES = 8
 
@@ -38,6 +41,10 @@ def nginx(tmp_path_factory: pytest.TempPathFactory):
 
 
 def stream(nginx, shuffle: bool = False) -> datasets.IterableDataset:
+    # datasets (with pandas and pyarrow) is imported by the tests that use it, not at
+    # collection in every test process.
+    import datasets
+
     files = [f"{nginx.url}/part-{s}.jsonl" for s in range(FILES)]
     ds = datasets.load_dataset("json", data_files=files, streaming=True, split="train")
     if shuffle:  # the library's own shuffle: of its files, and through a buffer
@@ -62,6 +69,8 @@ def test_workers_starting_together_read_the_epoch_the_loader_set(nginx, monkeypa
         change = epoch - self._epoch
         time.sleep(0.2)
         self._epoch += change
+
+    import datasets
 
     monkeypatch.setattr(datasets.IterableDataset, "set_epoch", set_epoch)
     dataset = stream(nginx, shuffle=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import TYPE_CHECKING
 
 import pytest
 from s3_server import S3Server
@@ -27,7 +28,9 @@ from streams_data import (
 from dataecho import EchoingDataLoader
 
 skip_without("litdata", "moto", "boto3")
-import litdata  # noqa: E402
+
+if TYPE_CHECKING:
+    import litdata
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,10 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
 
 def dataset(s3, shuffle: bool = True, cache: str | None = None) -> litdata.StreamingDataset:
     """A StreamingDataset over the chunks on S3 with a cache folder of its own (empty, so
-    every chunk it reads is downloaded, and counted), unless ``cache`` names one."""
+    every chunk it reads is downloaded, and counted), unless ``cache`` names one. litdata is
+    imported by the tests that use it, not at collection in every test process."""
+    import litdata
+
     return litdata.StreamingDataset(s3.remote, shuffle=shuffle, seed=7,
                                     cache_dir=str(s3.caches / (cache or uuid.uuid4().hex)),
                                     storage_options={"endpoint_url": s3.url})  # fmt: skip
@@ -87,6 +93,8 @@ def test_the_users_own_streaming_dataloader_is_the_upstream_of_batch_echo(s3, wh
     # litdata's StreamingDataLoader, with its own workers and resume protocol (which resumes
     # a dataset with the cache folder it was saved with).
     def make() -> EchoingDataLoader:
+        import litdata
+
         users = litdata.StreamingDataLoader(dataset(s3, cache=where), batch_size=8,
                                             num_workers=2)  # fmt: skip
         return EchoingDataLoader(users, echo_factor=2, where=where, seed=0,

@@ -9,6 +9,7 @@ import json
 import os
 import tempfile
 import uuid
+from typing import TYPE_CHECKING
 
 import pytest
 from s3_server import S3Server
@@ -31,7 +32,8 @@ from dataecho import EchoingDataLoader
 skip_without("streaming", "moto", "boto3")
 from mosaic_streaming import import_streaming  # noqa: E402
 
-streaming = import_streaming()
+if TYPE_CHECKING:
+    import streaming
 
 # mosaic hands its ndarray fields over read-only: torch's collate says so once.
 pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
@@ -53,10 +55,11 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
 
 def dataset(s3, shuffle: bool = True) -> streaming.StreamingDataset:
     """A StreamingDataset over the shards on S3 with a cache folder of its own (empty, so
-    every shard it reads is downloaded, and counted)."""
+    every shard it reads is downloaded, and counted). mosaic is imported by the tests that use
+    it, not at collection in every test process."""
     local = s3.caches / uuid.uuid4().hex
-    return streaming.StreamingDataset(remote=s3.remote, local=str(local), batch_size=8,
-                                      shuffle=shuffle, shuffle_seed=7)  # fmt: skip
+    return import_streaming().StreamingDataset(remote=s3.remote, local=str(local), batch_size=8,
+                                             shuffle=shuffle, shuffle_seed=7)  # fmt: skip
 
 
 @pytest.mark.parametrize(("where", "factor", "workers"), CASES)
@@ -94,7 +97,7 @@ def test_a_resume_downloads_again_at_most_the_shard_each_worker_was_in(s3, worke
 def test_the_users_own_streaming_dataloader_is_the_upstream_of_batch_echo(s3, where):
     # mosaic's StreamingDataLoader, with its own workers and resume protocol.
     def make() -> EchoingDataLoader:
-        users = streaming.StreamingDataLoader(dataset(s3), batch_size=8, num_workers=2)
+        users = import_streaming().StreamingDataLoader(dataset(s3), batch_size=8, num_workers=2)
         return EchoingDataLoader(users, echo_factor=2, where=where, seed=0,
                                  echo_device="cpu" if where == "device" else None)  # fmt: skip
 
