@@ -20,6 +20,12 @@ A worker also moves the objects it inherits into the collector's permanent gener
 (``gc.freeze``), so the garbage collector's full passes, which the echo stages' allocations set
 off, walk only the worker's own objects.
 
+A forked process gets an epoll instance of its own for fsspec's event loop (the one behind
+Hugging Face streams over HTTP, S3 and GCS), which it inherits but never runs: an epoll instance
+is shared across a fork, and when the child's collector freed the filesystem objects it
+inherited, their clean-up unregistered the parent's pooled connections from the parent's loop,
+whose next read on one of them then waited forever.
+
 A worker ignores SIGINT: Ctrl-C is for the training process, which stops its workers itself.
 A signal that interrupts the training process while it fetches a batch's shared memory from a
 worker breaks that hand-over off; the worker's hand-over thread would print the broken
@@ -36,6 +42,7 @@ import ctypes
 import gc
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
@@ -58,9 +65,23 @@ _fork = threading.local()
 def _before_fork() -> None:
     _fork.parent = os.getpid()
     _fork.from_main_thread = threading.current_thread() is threading.main_thread()
+    # fsspec's own at-fork hook forgets its loop in the child: noted here, before that.
+    asyn = sys.modules.get("fsspec.asyn")
+    _fork.fsspec_loop = asyn.loop[0] if asyn is not None else None
 
 
-os.register_at_fork(before=_before_fork)
+def _after_fork_in_child() -> None:
+    """Point the inherited fsspec loop's epoll descriptor at a new, empty epoll instance: what
+    the child's clean-up unregisters from it no longer reaches the parent's loop."""
+    selector = getattr(getattr(_fork, "fsspec_loop", None), "_selector", None)
+    epoll = getattr(selector, "_selector", None)  # a selectors.EpollSelector's select.epoll
+    if sys.platform == "linux" and isinstance(epoll, select.epoll) and not epoll.closed:
+        own = select.epoll()
+        os.dup2(own.fileno(), epoll.fileno(), inheritable=False)
+        own.close()
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _watch(parent: int) -> None:

@@ -19,13 +19,15 @@ import sys
 import threading
 import time
 import types
+import weakref
 from multiprocessing import resource_sharer
 
 import pytest
 import torch
-from conftest import alive, wait_until
+from conftest import alive, needs_nginx, wait_until
 
 from dataecho import EchoingDataLoader
+from dataecho.app.sources.nginx import NginxServer
 from dataecho.loader.lifetime import POLL_SECONDS, WorkerInit, quiet_broken_handovers
 
 EXAMPLES = 64
@@ -251,6 +253,41 @@ def test_a_worker_keeps_the_heap_it_inherits_out_of_the_collector():
     batches = list(EchoingDataLoader(FreezeCounts(), batch_size=4, num_workers=1))
     assert all(int(n) > frozen_here for batch in batches for n in batch)
     assert gc.get_freeze_count() == frozen_here  # the training process's own collector: as it was
+
+
+class FreesInheritedFilesystem(torch.utils.data.IterableDataset):
+    """In a worker: lets the collector at what it inherited, as a collection before the
+    worker's ``gc.freeze`` does, and yields whether the filesystem ``inherited`` was freed."""
+
+    def __init__(self, inherited: weakref.ref) -> None:
+        self.inherited = inherited
+
+    def __iter__(self):
+        gc.unfreeze()
+        gc.collect()
+        yield torch.tensor(self.inherited() is None)
+
+
+@needs_nginx
+@pytest.mark.timeout(60)
+def test_a_worker_freeing_an_inherited_fsspec_filesystem_leaves_the_parents_connections_alone(
+    tmp_path,
+):
+    import aiohttp
+    import fsspec
+
+    (tmp_path / "a.txt").write_text("x" * 100)
+    # Bounded: a read on a connection that the parent's loop no longer watches fails here.
+    options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=5)}}
+    with NginxServer(tmp_path) as nginx:
+        url = f"{nginx.url}/a.txt"
+        # A keep-alive connection pooled in this process, its filesystem held by fsspec alone.
+        assert fsspec.filesystem("http", **options).cat(url) == b"x" * 100
+        inherited = weakref.ref(fsspec.filesystem("http", **options))
+        loader = EchoingDataLoader(FreesInheritedFilesystem(inherited), batch_size=1, num_workers=1)
+        assert [bool(batch) for batch in loader] == [True]  # freed, and its session closed there
+        assert inherited() is not None  # here, the same one reads again on that connection
+        assert fsspec.filesystem("http", **options).cat(url) == b"x" * 100
 
 
 # Ctrl-C pressed while the loader forks its workers: the SIGINT is sent from inside the fork
