@@ -42,14 +42,17 @@ demo: $(STAMP) system-packages
 # Three test processes on two cores, a file each at a time (a file's module fixtures are built
 # once): most tests spend part of their time waiting on loader workers, nginx, ranks or a
 # deadline, and a third process fills those waits (the suite took 4m58s on three, 5m40s-6m20s on
-# two, side by side on one machine). mypy checks the library beside them. The files with a test
-# marked slow are handed out first (tests/conftest.py), in that order: no reordering.
+# two, side by side on one machine). mypy checks the library beside them, from the start: beside
+# it, one collection writes the bytecode of what collection imports (uv compiles none), which
+# each of the three processes would otherwise compile for itself. The files with a test marked
+# slow are handed out first (tests/conftest.py), in that order: no reordering.
 # Tests marked "alone" run after the others, on a machine left to them: the streaming
 # benchmark's tiny run stalled in a library's own loader while another test loaded both cores.
 # They live in tests/benchmarks (tests/conftest.py refuses one elsewhere), the one folder
 # collected for them.
 test: $(STAMP) system-packages ruff
 	$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & typing=$$!; \
+	$(BIN)/python -m pytest -q --collect-only -p no:cacheprovider > /dev/null; \
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m "not alone"; \
 	tests=$$?; wait $$typing; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
