@@ -50,7 +50,7 @@ def test_each_epoch_trains_len_batches_and_every_example_echo_factor_times(runs,
     transform = runs.jitter if where == "before_augment" else None
     kwargs = {"batch_size": 8, "echo_factor": 2, "where": where, "transform": transform}
     module = runs.Recorder(
-        {**kwargs, "shuffle": True, "shuffle_buffer": 6, "seed": 0}, one_cycle=True
+        {**kwargs, "shuffle": True, "shuffle_buffer": 48, "seed": 0}, one_cycle=True
     )
     trainer = runs.fit(module, max_epochs=2)
     assert len(module.loader) == 16 == trainer.num_training_batches  # 64 examples x 2 / 8
