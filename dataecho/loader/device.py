@@ -1,8 +1,8 @@
 """Echoing on the training device (``where="device"``): one host-to-device copy per fresh batch.
 
 The main-process chain is workers -> :class:`ToDevice` -> with ``shuffle_buffer`` (in
-examples), :class:`~dataecho.loader.reading.Tagged` (each fresh batch's number) -> echo stage (fixed or ``"auto"``,
-batch level; ``copy=True`` clones on the device) -> with ``shuffle_buffer``,
+examples), :class:`~dataecho.loader.reading.Tagged` (each fresh batch's number) -> echo stage
+(fixed or ``"auto"``, batch level; ``copy=True`` clones on the device) -> with ``shuffle_buffer``,
 :class:`~dataecho.stages.MixExamples`, which forms each batch from random examples of a pool on
 the device, so a fresh batch's copies spread over the batches that follow as with example
 echoing -> :class:`DeviceTransform`. The workers read, decode, augment and batch exactly as
@@ -24,8 +24,9 @@ thread, the one current as the epoch started), so the caching allocator does not
 memory to the next copy while training still reads it. ``"auto"`` keeps up to 16 fresh
 batches in its read-ahead queue, here on the device: 16 batches' memory at most, held only
 while the consumer is slower than the workers. The workers start with the echo device as
-CUDA's current device, which is the one torch's pin thread pins for. This CUDA path has not been run on a GPU yet; the CPU device
-runs the same nodes, with plain pass-through moves (``tests/library/test_device.py``).
+CUDA's current device, which is the one torch's pin thread pins for. This CUDA path has not
+been run on a GPU yet; the CPU device runs the same nodes, with plain pass-through moves
+(``tests/library/test_device.py``).
 """
 
 from __future__ import annotations

@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from experiments.choi.plan import variant
 from experiments.choi.wall_time import RATIOS
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot for files only, loaded on first use (it takes tenths of a second)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from experiments.common.plotting import pyplot
 
 
 def plot(rows: list[dict], path: Path) -> None:

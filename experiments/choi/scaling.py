@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common.plotting import pyplot
 from experiments.common.tables import markdown_table, write_csv
 from experiments.common.trial_loop import Condition, run_trial
 from experiments.common.tuning import repeated_search
@@ -112,11 +113,7 @@ def report(rows: list[dict], plan: ScalingPlan, out: Path) -> list[str]:
 
 
 def _plot(rows: list[dict], plan: ScalingPlan, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(plan.batch_sizes), figsize=(4.5 * len(plan.batch_sizes), 3.4),
                              squeeze=False)  # fmt: skip
     for ax, bs in zip(axes[0], plan.batch_sizes, strict=True):

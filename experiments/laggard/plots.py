@@ -4,22 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.common.plotting import pyplot
 from experiments.laggard.claims import RATIOS
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_grid(rows, out: Path, methods, prefix: str) -> list[str]:
     """``{prefix}convergence.png`` (Figure 2 of the paper: steps and fresh samples against K
     per B) and ``{prefix}rate_and_bound.png`` (echoed GD's best rate; bound vs measured)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(methods), 2, figsize=(9, 2.6 * len(methods)), squeeze=False)
     for i, method in enumerate(methods):
         for j, (key, label) in enumerate((("steps", "steps K*T"), ("fresh", "fresh samples B*T"))):
@@ -68,7 +60,7 @@ def plot_grid(rows, out: Path, methods, prefix: str) -> list[str]:
 
 def plot_wall(speedups, out: Path) -> str:
     """``wall_time.png``: echoed GD's best modelled wall-time speedup against R, per B."""
-    plt = _pyplot()
+    plt = pyplot()
     problems = list(dict.fromkeys(r["problem"] for r in speedups))
     fig, axes = plt.subplots(1, len(problems), figsize=(4.5 * len(problems), 3.2), squeeze=False)
     for ax, problem in zip(axes[0], problems, strict=True):

@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from experiments.common.plotting import pyplot
 from experiments.common.tables import markdown_table, write_csv
 
 LAG_BINS = ((0, 0), (1, 3), (4, 15), (16, 63), (64, 10**9))
@@ -48,11 +49,7 @@ def bias_table(bias: list[dict]) -> list[dict]:
 
 def plot(loads: list[dict], sched: list[dict], btab: list[dict], path: Path) -> None:
     """``stochastic.png``: speedup against reuses, accuracy per schedule, bias against lag."""
-    import matplotlib  # here, not at import: pyplot takes a few tenths of a second to load
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     ax = axes[0]
     base = next((r["loads_median"] for r in loads if r["p"] == 1.0), math.nan)

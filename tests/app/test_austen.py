@@ -73,6 +73,8 @@ def pack(data: bytes, compressed: int, kind: bytes = b"Z") -> bytes:
 
 def write_db(stem: Path, objects: dict, compressed: int = 1, kind: bytes = b"Z") -> Path:
     """A lazy-load database ``stem``.rdx/.rdb holding ``objects`` (name -> Python value)."""
+    import rdata  # on first use, as the module under test does: it loads pandas
+
     blobs, variables, offset = [], {}, 0
     for name, obj in objects.items():
         blob = pack(serialize(obj), compressed, kind)
@@ -82,8 +84,6 @@ def write_db(stem: Path, objects: dict, compressed: int = 1, kind: bytes = b"Z")
     stem.with_suffix(".rdb").write_bytes(b"".join(blobs))
     flag = np.array([True]) if compressed == 1 else np.array([compressed], dtype=np.int32)
     index = {"variables": variables, "references": {}, "compressed": flag}
-    import rdata
-
     rdata.write_rds(stem.with_suffix(".rdx"), index)
     return stem
 
